@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
 @dataclass(frozen=True)
@@ -18,9 +18,11 @@ class SamplingParams:
     ignore_eos: bool = False  # fixed-length workloads: stop only on max_tokens
 
 
-@dataclass(frozen=True)
-class SeqWork:
-    """One request's share of an iteration: a prompt chunk (prefill) or its last token (decode)."""
+class SeqWork(NamedTuple):
+    """One request's share of an iteration: a prompt chunk (prefill) or its last token (decode).
+
+    A NamedTuple rather than a dataclass: the scheduler makes one per sequence per iteration.
+    """
 
     request_id: int
     token_ids: tuple[int, ...]  # tokens to run this iteration: [n]

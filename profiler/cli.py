@@ -1,0 +1,205 @@
+"""`itertrace run`, `itertrace experiment`, `itertrace calibrate`: the engine's commands."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from itertrace.errors import UserError
+from itertrace.profiler import experiments
+from itertrace.profiler.policies import Policy
+from itertrace.profiler.request import PreemptKind
+from itertrace.profiler.scheduler import Mode, SchedulerConfig
+from itertrace.profiler.session import ModelSpec, RunSpec, run
+from itertrace.profiler.summary_table import format_experiment, format_summary
+from itertrace.profiler import workloads as wl
+
+WORKLOADS = ("worked-example", "slot-time-uniform", "slot-time-variable", "synthetic")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run a workload through the reference engine and write its run logs")
+    _engine_flags(p)
+    p.add_argument("--workload", default="synthetic",
+                   help=f"one of {', '.join(WORKLOADS)}, or a trace file (.csv Azure format, .jsonl)")
+    p.add_argument("--num-requests", type=_positive, default=64, help="synthetic and slot-time workloads")
+    p.add_argument("--rate", type=float, default=0.0, help="synthetic arrivals per second (0: all at once)")
+    p.add_argument("--cv", type=float, default=1.0, help="gamma inter-arrival coefficient of variation (1: Poisson)")
+    p.add_argument("--prompt-len", default="128", help="N, uniform:LO:HI or choice:A,B@PA,PB")
+    p.add_argument("--output-len", default="128", help="N, uniform:LO:HI or choice:A,B@PA,PB")
+    p.add_argument("--limit", type=_positive, help="trace files: read at most this many requests")
+    p.add_argument("--time-scale", type=float, default=1.0, help="trace files: divide arrival times by this")
+    p.add_argument("--out", type=Path, help="run directory to create (default: runs/<time>)")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.set_defaults(func=cmd_run)
+
+    e = sub.add_parser("experiment", help="the seed's experiments: worked-example, slot-time, fairness")
+    e.add_argument("name", choices=("worked-example", "slot-time", "fairness"))
+    _engine_flags(e)
+    e.add_argument("--requests", type=_positive, help="slot-time: requests per workload "
+                   "(default 4000 simulated, 96 torch)")
+    e.add_argument("--out", type=Path, help="also write each run's logs under this directory")
+    e.add_argument("--format", choices=("table", "json"), default="table")
+    e.set_defaults(func=cmd_experiment)
+
+    c = sub.add_parser("calibrate", help="fit the simulated runner's cost model to the torch runner here")
+    _engine_flags(c)
+    c.add_argument("--out", type=Path, default=Path("cost-model.json"))
+    c.set_defaults(func=cmd_calibrate)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return value
+
+
+def _engine_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("scheduler")
+    g.add_argument("--mode", choices=[m.value for m in Mode], default="continuous")
+    g.add_argument("--policy", choices=[x.value for x in Policy], default="fcfs")
+    g.add_argument("--capacity", type=_positive, default=16, help="sequence budget: slots per batch")
+    g.add_argument("--token-budget", type=_positive, default=2048, help="tokens per iteration")
+    g.add_argument("--no-chunked-prefill", action="store_true", help="a prompt must fit one iteration")
+    g.add_argument("--decode-reserve", type=_share, default=0.0, help="share of the token budget prefill never uses")
+    g.add_argument("--preemption", choices=[k.value for k in PreemptKind], default="recompute")
+    g.add_argument("--aging", type=_positive, default=256, help="priority policy: iterations of waiting worth one class")
+    k = p.add_argument_group("KV cache")
+    k.add_argument("--block-size", type=_positive, default=16)
+    k.add_argument("--num-blocks", type=_positive, default=4096)
+    k.add_argument("--swap-blocks", type=int, default=0, help="swap pool size, for --preemption swap")
+    r = p.add_argument_group("runner")
+    r.add_argument("--runner", choices=("simulated", "torch"), default="simulated")
+    r.add_argument("--cost", type=Path, help="simulated runner: cost model from `itertrace calibrate`")
+    r.add_argument("--hidden", type=_positive, default=256)
+    r.add_argument("--layers", type=_positive, default=4)
+    r.add_argument("--heads", type=_positive, default=4)
+    r.add_argument("--kv-heads", type=_positive, default=4)
+    r.add_argument("--intermediate", type=_positive, default=688)
+    r.add_argument("--checkpoint", help="torch runner: a local Llama-style checkpoint directory")
+    r.add_argument("--device", help="torch runner: cpu or cuda (default: cuda when present)")
+    r.add_argument("--seed", type=int, default=0)
+
+
+def spec_from_args(args: argparse.Namespace) -> RunSpec:
+    sched = SchedulerConfig(
+        mode=Mode(args.mode), policy=Policy(args.policy), max_num_seqs=args.capacity,
+        max_num_batched_tokens=args.token_budget, chunked_prefill=not args.no_chunked_prefill,
+        decode_reserve=args.decode_reserve, preemption=PreemptKind(args.preemption), aging_iterations=args.aging)
+    if args.preemption == "swap" and args.swap_blocks < 1:
+        raise UserError("--preemption swap needs --swap-blocks of at least 1")
+    model = ModelSpec(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
+                      num_kv_heads=args.kv_heads, intermediate_size=args.intermediate,
+                      checkpoint=args.checkpoint, device=args.device)
+    spec = RunSpec(scheduler=sched, runner=args.runner, num_blocks=args.num_blocks, block_size=args.block_size,
+                   swap_blocks=max(0, args.swap_blocks), seed=args.seed, model=model)
+    if args.cost is not None:
+        from itertrace.profiler.calibrate import load
+
+        spec = replace(spec, cost=load(args.cost))
+    return spec
+
+
+def _workload(args: argparse.Namespace) -> list[wl.RequestSpec]:
+    name = args.workload
+    if name == "worked-example":
+        return wl.worked_example()
+    if name in ("slot-time-uniform", "slot-time-variable"):
+        return wl.slot_time(name.rsplit("-", 1)[1], args.num_requests, seed=args.seed)
+    if name == "synthetic":
+        return wl.synthetic(args.num_requests, rate=args.rate, cv=args.cv, prompt=args.prompt_len,
+                            output=args.output_len, seed=args.seed)
+    if Path(name).suffix.lower() in (".csv", ".jsonl", ".json"):
+        return wl.load_trace(Path(name), limit=args.limit, time_scale=args.time_scale)
+    raise UserError(f"--workload {name!r}: expected one of {', '.join(WORKLOADS)} or a .csv/.jsonl trace file")
+
+
+class _Progress:
+    """Prints a progress line to stderr at most every two seconds, for long runs."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.t0, self.last = total, time.monotonic(), time.monotonic()
+
+    def __call__(self, iteration: int, arrived: int) -> None:
+        now = time.monotonic()
+        if now - self.last >= 2.0:
+            self.last = now
+            print(f"  iteration {iteration:,}, {arrived:,}/{self.total:,} requests arrived, "
+                  f"{now - self.t0:.0f} s", file=sys.stderr, flush=True)
+
+
+def _fresh_dir(out: Path | None) -> tuple[Path, Path]:
+    """A temporary directory beside the target; renamed into place when the run completes."""
+    target = out or Path("runs") / time.strftime("run-%Y%m%d-%H%M%S")
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise UserError(f"--out {target}: already exists and is not empty; choose another directory")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return target, Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    spec = spec_from_args(args)
+    specs = _workload(args)
+    reqs = wl.build_requests(specs, seed=args.seed)
+    target, tmp = _fresh_dir(args.out)
+    try:
+        run(spec, reqs, run_dir=tmp, workload=args.workload, progress=_Progress(len(reqs)))
+        if target.exists():
+            target.rmdir()
+        tmp.chmod(0o755)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    meta = json.loads((target / "run.json").read_text())
+    if args.format == "json":
+        print(json.dumps({"run_dir": str(target), **meta["summary"]}, indent=2))
+    else:
+        print(format_summary(meta["summary"], spec.runner, str(target)))
+    return 0
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    spec = spec_from_args(args)
+    if args.out is not None and args.out.exists() and any(args.out.iterdir()):
+        raise UserError(f"--out {args.out}: already exists and is not empty; choose another directory")
+    if args.name == "worked-example":
+        result = experiments.worked_example(spec, args.out)
+    elif args.name == "slot-time":
+        n = args.requests or (96 if spec.runner == "torch" else 4000)
+        result = experiments.slot_time(spec, n, args.out)
+    else:
+        result = experiments.fairness(spec, out=args.out)
+    print(json.dumps(result, indent=2) if args.format == "json" else format_experiment(result))
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from itertrace.profiler.calibrate import calibrate, save
+
+    spec = replace(spec_from_args(args), runner="torch")
+    cost, stats = calibrate(spec)
+    save(cost, stats, spec, args.out)
+    print(f"fixed {cost.fixed_ns / 1e6:.3f} ms + {cost.per_token_ns / 1e3:.2f} us/token + "
+          f"{cost.per_context_token_ns:.1f} ns/context token (R^2 {stats['r2']:.3f}, "
+          f"{stats['iterations']} iterations); wrote {args.out}")
+    return 0

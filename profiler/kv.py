@@ -1,0 +1,109 @@
+"""Paged KV blocks: a device pool and a swap pool, each a free list of fixed-size blocks."""
+from __future__ import annotations
+
+from collections import deque
+
+from itertrace.profiler.request import Request
+
+
+class OutOfBlocks(Exception):
+    """The pool has fewer free blocks than asked for; nothing was allocated."""
+
+
+class BlockPool:
+    """A fixed number of blocks handed out from a FIFO free list (freed blocks go to the back)."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self._free: deque[int] = deque(range(num_blocks))
+        self._owner: dict[int, int] = {}  # block id -> request id
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def take(self, owner: int, count: int) -> list[int]:
+        if count > len(self._free):
+            raise OutOfBlocks(f"need {count} blocks, {len(self._free)} free")
+        blocks = [self._free.popleft() for _ in range(count)]
+        for b in blocks:
+            self._owner[b] = owner
+        return blocks
+
+    def give_back(self, owner: int, blocks: list[int]) -> None:
+        for b in blocks:
+            if self._owner.get(b) != owner:
+                raise RuntimeError(f"block {b} is not held by request {owner}")
+            del self._owner[b]
+            self._free.append(b)
+
+    def owners(self) -> dict[int, int]:
+        """Block id -> owning request id, for invariant checks."""
+        return dict(self._owner)
+
+
+class BlockManager:
+    """Grows and releases per-request block tables; moves blocks to and from the swap pool."""
+
+    def __init__(self, num_blocks: int, block_size: int, swap_blocks: int = 0) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be at least 1")
+        self.block_size = block_size
+        self.device = BlockPool(num_blocks)
+        self.swap = BlockPool(swap_blocks)
+        self.allocated_this_iteration = 0
+        self.freed_this_iteration = 0
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def blocks_needed(self, req: Request, new_tokens: int) -> int:
+        """Device blocks the request must take to cache `new_tokens` more: growth plus any swapped-out ones."""
+        held = len(req.block_ids) + len(req.swap_slots)
+        return max(0, self.blocks_for(req.num_computed + new_tokens) - held) + len(req.swap_slots)
+
+    def can_grow(self, req: Request, new_tokens: int) -> bool:
+        return self.blocks_needed(req, new_tokens) <= self.device.num_free
+
+    def grow(self, req: Request, new_tokens: int) -> None:
+        """Append blocks to the request's table so `new_tokens` more tokens fit (all or nothing)."""
+        need = self.blocks_needed(req, new_tokens)
+        if need:
+            req.block_ids.extend(self.device.take(req.request_id, need))
+            self.allocated_this_iteration += need
+
+    def free(self, req: Request) -> None:
+        """Release every device block and swap slot the request holds."""
+        if req.block_ids:
+            self.device.give_back(req.request_id, req.block_ids)
+            self.freed_this_iteration += len(req.block_ids)
+            req.block_ids = []
+        if req.swap_slots:
+            self.swap.give_back(req.request_id, req.swap_slots)
+            req.swap_slots = []
+
+    def swap_out(self, req: Request) -> list[tuple[int, int]]:
+        """Move the request's blocks to swap slots; returns (device block, swap slot) copies to make."""
+        slots = self.swap.take(req.request_id, len(req.block_ids))
+        pairs = list(zip(req.block_ids, slots))
+        self.device.give_back(req.request_id, req.block_ids)
+        self.freed_this_iteration += len(req.block_ids)
+        req.block_ids, req.swap_slots = [], slots
+        return pairs
+
+    def swap_in(self, req: Request) -> list[tuple[int, int]]:
+        """Bring swapped blocks back into fresh device blocks; returns (swap slot, device block) copies."""
+        blocks = self.device.take(req.request_id, len(req.swap_slots))
+        self.allocated_this_iteration += len(blocks)
+        pairs = list(zip(req.swap_slots, blocks))
+        self.swap.give_back(req.request_id, req.swap_slots)
+        req.block_ids, req.swap_slots = blocks, []
+        return pairs
+
+    def reset_counters(self) -> None:
+        self.allocated_this_iteration = 0
+        self.freed_this_iteration = 0

@@ -1,0 +1,419 @@
+"""The iteration-level scheduler: at each iteration boundary, pick the batch. Imports no torch.
+
+Notes
+-----
+Continuous mode rebuilds membership every iteration, in three passes, each in policy order:
+running decodes (one token each), running prefills (a chunk each), then the queue (new and
+preempted requests). A running request that needs a KV block when none is free preempts the
+lowest-ranked running request not yet scheduled this iteration (itself when none is left).
+Static mode forms a batch only when the previous one is done; members keep their slots, and
+their KV blocks, until the last member finishes.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from itertrace.profiler.batch import Batch, SeqWork, SwapPlan
+from itertrace.profiler.kv import BlockManager
+from itertrace.profiler.policies import Policy, WaitQueue, sort_key
+from itertrace.profiler.request import Phase, PreemptKind, Reason, Request
+
+
+class Mode(enum.Enum):
+    STATIC = "static"
+    CONTINUOUS = "continuous"
+
+
+class Limit(enum.Enum):
+    """What stopped the scheduler from adding more work to an iteration."""
+
+    QUEUE_EMPTY = "queue_empty"
+    SEQ_BUDGET = "seq_budget"
+    TOKEN_BUDGET = "token_budget"
+    DECODE_RESERVE = "decode_reserve"
+    KV_BLOCKS = "kv_blocks"
+    STATIC_BATCH = "static_batch"  # a static batch is running; nothing joins it
+
+
+class EventKind(enum.Enum):
+    ARRIVE = "arrive"
+    ADMIT = "admit"
+    PREFILL_CHUNK = "prefill_chunk"
+    FIRST_TOKEN = "first_token"
+    TOKEN = "token"
+    PREEMPT = "preempt"
+    RESUME = "resume"
+    FINISH = "finish"
+    CANCEL = "cancel"
+    REJECT = "reject"
+
+
+class Event(NamedTuple):
+    """One request event; the engine stamps it with a time."""
+
+    request_id: int
+    iteration: int
+    kind: EventKind
+    reason: Reason | None = None
+    tokens: int = 0  # prefill chunk size, or 1 for a token
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    mode: Mode = Mode.CONTINUOUS
+    policy: Policy = Policy.FCFS
+    max_num_seqs: int = 16  # sequence budget: batch capacity in slots
+    max_num_batched_tokens: int = 2048  # token budget per iteration
+    chunked_prefill: bool = True
+    decode_reserve: float = 0.0  # share of the token budget that prefill may never use
+    preemption: PreemptKind = PreemptKind.RECOMPUTE
+    aging_iterations: int = 256
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("budgets must be at least 1")
+        if not 0.0 <= self.decode_reserve < 1.0:
+            raise ValueError("decode_reserve must be in [0, 1)")
+
+
+@dataclass
+class Decision:
+    """What one iteration runs, and why."""
+
+    iteration: int
+    work: list[tuple[Request, int]]  # (request, tokens this iteration), in batch order
+    batch: Batch
+    swap: SwapPlan
+    member_ids: list[int]  # every request holding a slot, finished static members included
+    finished_member_ids: list[int]  # static batching: members already finished, slots still held
+    stalled_member_ids: list[int]  # live members that got no work this iteration
+    limit: Limit
+    admitted: int = 0
+    resumed: int = 0
+    preempted: int = 0
+    rejected: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+
+
+def _zero_counts() -> dict[str, int]:
+    return {"admitted": 0, "resumed": 0, "preempted": 0, "rejected": 0}
+
+
+def _preempted_at(req: Request, iteration: int) -> bool:
+    return req.phase is Phase.PREEMPTED and req.transitions[-1].iteration == iteration
+
+
+@dataclass
+class _Budget:
+    tokens: int
+    prefill_cap: int  # tokens left for prefill after the decode reservation
+    seqs: int
+    limit: Limit = Limit.QUEUE_EMPTY
+    work: list[tuple[Request, int]] = field(default_factory=list)
+
+
+class Scheduler:
+    """Holds the queue and the batch; `schedule` and `postprocess` bracket every forward pass."""
+
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
+        self.config = config
+        self.blocks = blocks
+        self._key = sort_key(config.policy, config.aging_iterations)
+        self.waiting = WaitQueue(self._key)  # new requests, and preempted ones in continuous mode
+        self.running: list[Request] = []  # requests holding a slot (static: every member of the batch)
+        self.events: list[Event] = []  # drained by the engine after each call
+        self._reserved: dict[int, int] = {}  # preemption mode "reject": blocks promised per request
+        self._swap = SwapPlan()
+        self._counts = _zero_counts()  # since the last decision
+
+    # ---- requests coming and going -------------------------------------------------------------
+    def add(self, req: Request, iteration: int) -> None:
+        """A request arrives; one that can never fit is rejected at once."""
+        self.events.append(Event(req.request_id, iteration, EventKind.ARRIVE, Reason.ARRIVED))
+        req.enqueued_iteration = iteration
+        cfg = self.config
+        too_long = self._worst_blocks(req) > self.blocks.device.num_blocks or (
+            not cfg.chunked_prefill and len(req.prompt_ids) > self._prefill_room()
+        )
+        if too_long:
+            self._reject(req, Reason.TOO_LONG, iteration)
+        else:
+            self.waiting.push(req)
+
+    def cancel(self, request_id: int, iteration: int) -> bool:
+        """Cancel a live request at an iteration boundary; its blocks are freed at once."""
+        req = next((r for r in self.running if r.request_id == request_id), None)
+        queued = req is None
+        if queued:
+            req = self.waiting.find(request_id)
+        if req is None or req.phase.terminal:
+            return False
+        if queued:
+            self.waiting.remove(req)
+        req.move(Phase.CANCELED, Reason.CANCEL_REQUESTED, iteration)
+        self.blocks.free(req)
+        self._reserved.pop(request_id, None)
+        self.events.append(Event(request_id, iteration, EventKind.CANCEL, Reason.CANCEL_REQUESTED))
+        if not queued:
+            if self.config.mode is Mode.CONTINUOUS:
+                self.running.remove(req)
+            else:
+                self._end_static_batch_if_done()
+        return True
+
+    def has_work(self) -> bool:
+        return bool(self.waiting) or bool(self.running)
+
+    # ---- one iteration ---------------------------------------------------------------------------
+    def schedule(self, iteration: int) -> Decision:
+        """Choose this iteration's work: running members first, then the queue, all in policy order."""
+        cfg = self.config
+        self.blocks.reset_counters()
+        self._swap = SwapPlan()
+        prefill_room = self._prefill_room()
+        budget = _Budget(cfg.max_num_batched_tokens, prefill_room, cfg.max_num_seqs)
+        live = sorted((r for r in self.running if not r.phase.terminal), key=self._key)
+        decodes = [r for r in live if r.phase is Phase.DECODE]
+        for req in decodes + [r for r in live if r.phase is not Phase.DECODE]:
+            if req.phase.terminal or _preempted_at(req, iteration):
+                continue  # preempted earlier in this pass
+            if req.phase in (Phase.WAITING, Phase.PREEMPTED):  # static members waiting inside their batch
+                self._try_start(req, budget, iteration)
+            else:
+                self._run_member(req, budget, live, iteration)
+        if cfg.mode is Mode.STATIC:
+            if not self.running:
+                self._form_static_batch(budget, iteration)
+            elif budget.limit is Limit.QUEUE_EMPTY:
+                budget.limit = Limit.STATIC_BATCH
+        elif self._counts["preempted"]:
+            budget.limit = Limit.KV_BLOCKS  # admitting now would take the blocks just reclaimed
+        else:
+            self._admit(budget, iteration)
+        return self._decision(iteration, budget)
+
+    def _run_member(self, req: Request, budget: _Budget, live: list[Request], iteration: int) -> None:
+        """Give a running request its tokens, preempting lower-ranked members for KV blocks."""
+        n = self._chunk(req, budget)
+        if n == 0:
+            return
+        while not self.blocks.can_grow(req, n):
+            victim = self._victim(live, budget, req)
+            self._preempt(victim, iteration)
+            if victim is req:
+                return
+        self._take(req, n, budget, iteration)
+
+    def _admit(self, budget: _Budget, iteration: int) -> None:
+        """Continuous mode: fill free slots from the queue in policy order."""
+        while (req := self.waiting.peek()) is not None:
+            if len(self.running) >= budget.seqs:
+                budget.limit = Limit.SEQ_BUDGET
+                return
+            if not self._try_start(req, budget, iteration):
+                if req.phase is Phase.REJECTED:
+                    continue  # preemption mode "reject" refused it; the next one may fit
+                return
+            self.running.append(self.waiting.pop())
+        budget.limit = Limit.QUEUE_EMPTY
+
+    def _form_static_batch(self, budget: _Budget, iteration: int) -> None:
+        """Static mode: no batch is running; take up to `max_num_seqs` requests whose prompts fit the KV pool."""
+        planned = 0
+        while (req := self.waiting.peek()) is not None and len(self.running) < budget.seqs:
+            if self.config.preemption is PreemptKind.REJECT:
+                if not self._reserve(req, iteration):
+                    continue
+            else:
+                need = self.blocks.blocks_for(req.num_tokens)
+                if planned + need > self.blocks.device.num_free:
+                    budget.limit = Limit.KV_BLOCKS
+                    break
+                planned += need
+            self.running.append(self.waiting.pop())
+        else:
+            budget.limit = Limit.SEQ_BUDGET if self.waiting else Limit.QUEUE_EMPTY
+        for req in self.running:
+            if not req.phase.terminal:
+                self._try_start(req, budget, iteration)
+
+    def _try_start(self, req: Request, budget: _Budget, iteration: int) -> bool:
+        """Admit or resume a request into this iteration if the budgets and blocks allow."""
+        n = self._chunk(req, budget)
+        if n == 0:
+            return False
+        if self.config.preemption is PreemptKind.REJECT and req.request_id not in self._reserved:
+            if not self._reserve(req, iteration):
+                return False
+        if self.blocks.blocks_needed(req, n) > self.blocks.device.num_free - self._kv_promised(req):
+            budget.limit = Limit.KV_BLOCKS
+            return False
+        resumed = req.phase is Phase.PREEMPTED
+        if req.swap_slots:
+            self._swap.swap_in.extend(self.blocks.swap_in(req))
+        phase = Phase.DECODE if req.tokens_left_to_compute == 1 and req.output_ids else Phase.PREFILL
+        req.move(phase, Reason.RESUMED if resumed else Reason.ADMITTED, iteration)
+        if req.first_scheduled_iteration is None:
+            req.first_scheduled_iteration = iteration
+        self._counts["resumed" if resumed else "admitted"] += 1
+        kind = EventKind.RESUME if resumed else EventKind.ADMIT
+        self.events.append(Event(req.request_id, iteration, kind, req.transitions[-1].reason))
+        self._take(req, n, budget, iteration)
+        return True
+
+    def _chunk(self, req: Request, budget: _Budget) -> int:
+        """Tokens the request may run now under the token budget (0: not this iteration)."""
+        want = req.tokens_left_to_compute
+        is_decode = want == 1 and bool(req.output_ids)
+        room = budget.tokens if is_decode else budget.prefill_cap
+        if want <= room:
+            return want
+        if self.config.chunked_prefill and room > 0:
+            return room
+        budget.limit = Limit.DECODE_RESERVE if room < budget.tokens and want <= budget.tokens else Limit.TOKEN_BUDGET
+        return 0
+
+    def _take(self, req: Request, n: int, budget: _Budget, iteration: int) -> None:
+        """Spend budget and blocks on `n` of the request's tokens."""
+        self.blocks.grow(req, n)
+        if req.request_id in self._reserved:
+            self._reserved[req.request_id] = max(0, self._worst_blocks(req) - len(req.block_ids))
+        budget.tokens -= n
+        if req.phase is Phase.DECODE:  # decode spends the reservation first
+            budget.prefill_cap = min(budget.prefill_cap, budget.tokens)
+        else:
+            budget.prefill_cap -= n
+            self.events.append(Event(req.request_id, iteration, EventKind.PREFILL_CHUNK, tokens=n))
+        budget.work.append((req, n))
+        if budget.tokens == 0:
+            budget.limit = Limit.TOKEN_BUDGET
+
+    def _victim(self, live: list[Request], budget: _Budget, needy: Request) -> Request:
+        """The lowest-ranked live request holding blocks and not yet scheduled (the needy one if none)."""
+        scheduled = {r.request_id for r, _ in budget.work}
+        for req in reversed(live):
+            if req is not needy and req.phase.running and req.block_ids and req.request_id not in scheduled:
+                return req
+        return needy
+
+    def _preempt(self, req: Request, iteration: int) -> None:
+        """Take a running request's blocks away: swap them out, or drop them to recompute later."""
+        if self.config.preemption is PreemptKind.SWAP and len(req.block_ids) <= self.blocks.swap.num_free:
+            self._swap.swap_out.extend(self.blocks.swap_out(req))
+        else:
+            self.blocks.free(req)
+            req.num_computed = 0
+        req.move(Phase.PREEMPTED, Reason.KV_EXHAUSTED, iteration)
+        req.num_preemptions += 1
+        req.enqueued_iteration = iteration
+        self._counts["preempted"] += 1
+        self.events.append(Event(req.request_id, iteration, EventKind.PREEMPT, Reason.KV_EXHAUSTED))
+        if self.config.mode is Mode.CONTINUOUS:
+            self.running.remove(req)
+            self.waiting.push(req)
+
+    def _reject(self, req: Request, reason: Reason, iteration: int) -> None:
+        req.move(Phase.REJECTED, reason, iteration)
+        self._counts["rejected"] += 1
+        self.events.append(Event(req.request_id, iteration, EventKind.REJECT, reason))
+        self.waiting.remove(req)
+
+    # ---- preemption mode "reject": worst-case reservations ------------------------------------------
+    def _worst_blocks(self, req: Request) -> int:
+        return self.blocks.blocks_for(len(req.prompt_ids) + req.sampling.max_tokens)
+
+    def _kv_promised(self, exclude: Request | None = None) -> int:
+        skip = exclude.request_id if exclude is not None else None
+        return sum(n for rid, n in self._reserved.items() if rid != skip)
+
+    def _reserve(self, req: Request, iteration: int) -> bool:
+        """Promise the request its worst-case blocks, or reject it: it never waits for KV."""
+        need = self._worst_blocks(req) - len(req.block_ids)
+        if need > self.blocks.device.num_free - self._kv_promised():
+            self._reject(req, Reason.NO_KV_FOR_ADMISSION, iteration)
+            return False
+        self._reserved[req.request_id] = need
+        return True
+
+    # ---- after the forward pass --------------------------------------------------------------------
+    def postprocess(self, decision: Decision, tokens: dict[int, int], iteration: int) -> list[Request]:
+        """Commit the iteration: cached tokens, sampled tokens, stops. Returns requests that finished."""
+        finished = []
+        for req, n in decision.work:
+            req.num_computed += n
+            if req.num_computed < req.num_tokens:
+                continue  # a prefill chunk that did not reach the end: nothing sampled
+            token = tokens[req.request_id]
+            req.output_ids.append(token)
+            first = len(req.output_ids) == 1
+            self.events.append(Event(req.request_id, iteration, EventKind.FIRST_TOKEN if first else EventKind.TOKEN, tokens=1))
+            sp = req.sampling
+            if token in sp.stop_token_ids and not sp.ignore_eos:
+                self._finish(req, Phase.FINISHED_STOP, Reason.STOP_TOKEN, iteration)
+            elif len(req.output_ids) >= sp.max_tokens:
+                self._finish(req, Phase.FINISHED_LENGTH, Reason.MAX_TOKENS, iteration)
+            elif req.phase is Phase.PREFILL:
+                req.move(Phase.DECODE, Reason.PROMPT_DONE, iteration)
+            if req.phase.terminal:
+                finished.append(req)
+        return finished
+
+    def _finish(self, req: Request, phase: Phase, reason: Reason, iteration: int) -> None:
+        req.move(phase, reason, iteration)
+        self._reserved.pop(req.request_id, None)
+        self.events.append(Event(req.request_id, iteration, EventKind.FINISH, reason))
+        if self.config.mode is Mode.CONTINUOUS:
+            self.blocks.free(req)
+            self.running.remove(req)
+        else:  # static members keep their slot and blocks until the whole batch is done
+            self._end_static_batch_if_done()
+
+    def _end_static_batch_if_done(self) -> None:
+        if all(r.phase.terminal for r in self.running):
+            for req in self.running:
+                self.blocks.free(req)
+            self.running = []
+
+    # ---- helpers -------------------------------------------------------------------------------------
+    def _prefill_room(self) -> int:
+        """Tokens per iteration that prefill may use: the budget less the decode reservation."""
+        cfg = self.config
+        return cfg.max_num_batched_tokens - int(cfg.decode_reserve * cfg.max_num_batched_tokens)
+
+    def _decision(self, iteration: int, budget: _Budget) -> Decision:
+        work = budget.work
+        scheduled = {r.request_id for r, _ in work}
+        members = [r.request_id for r in self.running]
+        finished = [r.request_id for r in self.running if r.phase.terminal]
+        stalled = [r.request_id for r in self.running if not r.phase.terminal and r.request_id not in scheduled]
+        seqs = tuple(
+            SeqWork(
+                request_id=r.request_id,
+                token_ids=r.token_slice(r.num_computed, n),
+                start_pos=r.num_computed,
+                block_table=tuple(r.block_ids),
+                sample=r.num_computed + n == r.num_tokens,
+                sampling=r.sampling,
+                num_generated=len(r.output_ids),
+            )
+            for r, n in work
+        )
+        decode = sum(n for r, n in work if r.phase is Phase.DECODE)
+        decision = Decision(
+            iteration=iteration,
+            work=work,
+            batch=Batch(iteration, seqs, self.blocks.block_size),
+            swap=self._swap,
+            member_ids=members,
+            finished_member_ids=finished,
+            stalled_member_ids=stalled,
+            limit=budget.limit,
+            prefill_tokens=sum(n for _, n in work) - decode,
+            decode_tokens=decode,
+            **self._counts,
+        )
+        self._counts = _zero_counts()
+        return decision

@@ -1,0 +1,151 @@
+"""One run, end to end: build clock, runner, scheduler and engine from a spec, run, log, summarize."""
+from __future__ import annotations
+
+import platform
+import sys
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from itertrace.profiler.clock import SimClock, WallClock
+from itertrace.profiler.engine import Engine, RunResult
+from itertrace.profiler.kv import BlockManager
+from itertrace.profiler.request import Phase, Request
+from itertrace.profiler.runlog import RunLog
+from itertrace.profiler.scheduler import Scheduler, SchedulerConfig
+from itertrace.profiler.sim_runner import CostModel, SimulatedRunner
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Torch runner model: a seeded random model of this size, or a local checkpoint."""
+
+    hidden_size: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 4
+    intermediate_size: int = 688
+    checkpoint: str | None = None
+    device: str | None = None  # None: CUDA when present, else CPU
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything that defines a run besides the workload."""
+
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    runner: str = "simulated"  # "simulated" or "torch"
+    num_blocks: int = 4096
+    block_size: int = 16
+    swap_blocks: int = 0
+    seed: int = 0
+    model: ModelSpec = field(default_factory=ModelSpec)
+    cost: CostModel = field(default_factory=CostModel)
+
+
+def make_runner(spec: RunSpec):
+    """The clock and runner a spec asks for (torch is imported only when needed)."""
+    if spec.runner == "simulated":
+        clock = SimClock()
+        return clock, SimulatedRunner(clock, spec.cost)
+    if spec.runner == "torch":
+        from itertrace.profiler.model import ModelConfig
+        from itertrace.profiler.torch_runner import TorchRunner
+
+        m = spec.model
+        config = None if m.checkpoint else ModelConfig(
+            hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
+            num_kv_heads=m.num_kv_heads, intermediate_size=m.intermediate_size)
+        runner = TorchRunner(config, checkpoint=m.checkpoint, num_blocks=spec.num_blocks,
+                             block_size=spec.block_size, swap_blocks=spec.swap_blocks,
+                             device=m.device, seed=spec.seed)
+        return WallClock(), runner
+    raise ValueError(f"unknown runner {spec.runner!r}")
+
+
+def run(spec: RunSpec, requests: list[Request], *, run_dir: Path | None = None, workload: str = "",
+        keep_membership: bool = False, keep_tokens: bool = False, progress=None, on_iteration=None,
+        runner_and_clock=None) -> RunResult:
+    """Run `requests` under `spec`; with `run_dir`, write the run logs there."""
+    clock, runner = runner_and_clock or make_runner(spec)
+    blocks = BlockManager(spec.num_blocks, spec.block_size, spec.swap_blocks)
+    log = RunLog(run_dir) if run_dir is not None else None
+    engine = Engine(Scheduler(spec.scheduler, blocks), runner, clock, log=log,
+                    keep_membership=keep_membership, keep_tokens=keep_tokens, progress=progress,
+                    on_iteration=on_iteration)
+    result = engine.run(requests)
+    if log is not None:
+        log.close(run_metadata(spec, runner, clock, workload, result))
+    return result
+
+
+def run_metadata(spec: RunSpec, runner, clock, workload: str, result: RunResult) -> dict:
+    """run.json: configuration, runner, workload, seed, versions, clock source, summary."""
+    versions = {}
+    for pkg in ("itertrace", "torch", "numpy", "pyarrow", "duckdb", "nvtx"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    config = asdict(spec)
+    config["scheduler"] = {k: getattr(v, "value", v) for k, v in config["scheduler"].items()}
+    return {
+        "format": "itertrace-run/1",
+        "config": config,
+        "runner": runner.name,
+        "simulated": bool(runner.simulated),
+        "device": str(getattr(runner, "device", "none")),
+        "workload": workload,
+        "seed": spec.seed,
+        "clock_source": clock.source,
+        "clock_epoch_unix_ns": clock.epoch_unix_ns,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "versions": versions,
+        "summary": summarize(result, spec.scheduler.max_num_seqs),
+    }
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default), None for no values."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(result: RunResult, capacity: int) -> dict:
+    """The headline numbers: requests, tokens, iterations, idle slot-iterations, throughput, latency."""
+    done = [r for r in result.requests if r.phase in (Phase.FINISHED_LENGTH, Phase.FINISHED_STOP)]
+    ttft, tpot, e2e = [], [], []
+    for req in done:
+        t = result.times[req.request_id]
+        ttft.append((t.first_token_ns - req.arrival_ns) / 1e6)
+        e2e.append((t.last_token_ns - req.arrival_ns) / 1e6)
+        if len(req.output_ids) > 1:
+            tpot.append((t.last_token_ns - t.first_token_ns) / (len(req.output_ids) - 1) / 1e6)
+    tokens = sum(len(r.output_ids) for r in done)
+    wall_s = max(result.end_ns - result.start_ns, 1) / 1e9
+    states: dict[str, int] = {}
+    for req in result.requests:
+        states[req.phase.value] = states.get(req.phase.value, 0) + 1
+    return {
+        "simulated": result.simulated,
+        "requests": len(result.requests),
+        "completed": len(done),
+        "states": states,
+        "output_tokens": tokens,
+        "iterations": result.iterations,
+        "slot_iterations": result.iterations * capacity,
+        "idle_slot_iterations": result.idle_slot_iterations,
+        "idle_held_by_finished": result.idle_finished,
+        "idle_while_queued": result.idle_while_queued,
+        "wall_s": wall_s,
+        "throughput_tok_s": tokens / wall_s,
+        "ttft_ms_p50": percentile(ttft, 50), "ttft_ms_p99": percentile(ttft, 99),
+        "tpot_ms_p50": percentile(tpot, 50), "tpot_ms_p99": percentile(tpot, 99),
+        "e2e_ms_p50": percentile(e2e, 50), "e2e_ms_p99": percentile(e2e, 99),
+    }

@@ -1,0 +1,68 @@
+"""Plain-text tables for the engine's commands."""
+from __future__ import annotations
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    """Right-aligned columns; floats to 4 significant digits, None as '-'."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    line = lambda values: "  ".join(v.rjust(w) for v, w in zip(values, widths))  # noqa: E731
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, cells)])
+
+
+def _cell(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:,.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def _label(runner: str, simulated: bool) -> str:
+    return f"{runner} runner" + (" (SIMULATED: times come from a cost model)" if simulated else "")
+
+
+def format_summary(s: dict, runner: str, run_dir: str) -> str:
+    rows = [
+        ["requests", s["requests"]], ["completed", s["completed"]], ["output tokens", s["output_tokens"]],
+        ["iterations", s["iterations"]], ["idle slot-iterations", s["idle_slot_iterations"]],
+        ["  held by finished requests", s["idle_held_by_finished"]],
+        ["throughput (tok/s)", s["throughput_tok_s"]],
+        ["TTFT p50 / p99 (ms)", f"{_cell(s['ttft_ms_p50'])} / {_cell(s['ttft_ms_p99'])}"],
+        ["TPOT p50 / p99 (ms)", f"{_cell(s['tpot_ms_p50'])} / {_cell(s['tpot_ms_p99'])}"],
+        ["end-to-end p50 / p99 (ms)", f"{_cell(s['e2e_ms_p50'])} / {_cell(s['e2e_ms_p99'])}"],
+    ]
+    states = ", ".join(f"{k} {v}" for k, v in sorted(s["states"].items()))
+    return (f"{_label(runner, s['simulated'])}\n" + table(["", "value"], rows)
+            + f"\nfinal states: {states}\nrun logs: {run_dir}")
+
+
+def format_experiment(result: dict) -> str:
+    head = f"{result['experiment']}: {_label(result['runner'], result['simulated'])}"
+    if result["experiment"] == "worked-example":
+        cols = ["mode", "iterations", "short_finish_iteration", "iterations_finished_ids_held",
+                "idle_slot_iterations", "idle_held_by_finished", "waiting_first_start", "waiting_last_start",
+                "waiting_ttft_ms_mean", "throughput_tok_s"]
+        body = table(cols, [[r[c] for c in cols] for r in result["rows"]])
+        members = "\n".join(f"  {r['mode']:>10} batch at iteration {it}: {ids}"
+                            for r in result["rows"] for it, ids in r["members_at"].items())
+        return f"{head}\n{body}\nmembership:\n{members}"
+    if result["experiment"] == "slot-time":
+        cols = ["workload", "mode", "requests", "output_tokens", "iterations", "idle_slot_iterations",
+                "throughput_tok_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99",
+                "e2e_ms_p50", "e2e_ms_p99"]
+        body = table(cols, [[r[c] for c in cols] for r in result["rows"]])
+        ratios = ", ".join(f"{k} x{v:.3f}" for k, v in result["continuous_over_static"].items())
+        extra = ""
+        if "agreement" in result:
+            a = result["agreement"]
+            extra = (f"\nsimulated runner at the same size with the cost model fitted here: {a['simulated_ratios']}"
+                     f"\nlargest difference of continuous/static ratios: {100 * a['max_rel_diff']:.1f}%")
+        return (f"{head}\ncapacity {result['capacity']}, {result['requests_per_workload']} requests per workload\n"
+                f"{body}\ncontinuous/static throughput: {ratios}{extra}\n\n{result['conclusion']}")
+    cols = list(result["rows"][0])
+    return f"{head}\n{table(cols, [[r[c] for c in cols] for r in result['rows']])}"

@@ -1,0 +1,176 @@
+"""Workloads: the seed's synthetic ones, Poisson/gamma arrivals, and trace files (Azure CSV, JSONL)."""
+from __future__ import annotations
+
+import calendar
+import csv
+import json
+import random
+from dataclasses import dataclass, replace
+import time
+from pathlib import Path
+
+from itertrace.errors import UserError
+from itertrace.profiler.batch import SamplingParams
+from itertrace.profiler.request import Request
+from itertrace.profiler.tokenizer import EOS, synth_prompt
+
+# The seed's variable workload: mean output length exactly 128, as the uniform one.
+VARIABLE_LENGTHS = (8, 16, 32, 64, 128, 256, 512, 1024)
+VARIABLE_PROBS = (0.20, 0.20, 0.15, 0.15, 0.15, 0.05, 0.05, 0.05)
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """A request as a workload describes it: lengths and times, no tokens yet."""
+
+    arrival_ns: int
+    prompt_tokens: int
+    output_tokens: int
+    priority: int = 0
+    tenant: str = "default"
+    deadline_ns: int | None = None
+    cancel_at_iteration: int | None = None
+
+
+def build_requests(specs: list[RequestSpec], *, seed: int = 0, sampling: SamplingParams | None = None,
+                   ignore_eos: bool = True) -> list[Request]:
+    """Turn specs into requests with deterministic synthetic prompts; output length is max_tokens."""
+    base = sampling or SamplingParams()
+    out = []
+    for i, spec in enumerate(specs):
+        sp = replace(base, max_tokens=spec.output_tokens, stop_token_ids=(EOS,), ignore_eos=ignore_eos,
+                     seed=base.seed + seed * 1_000_003 + i)
+        out.append(Request(
+            request_id=i, prompt_ids=synth_prompt(spec.prompt_tokens, seed * 1_000_003 + i), sampling=sp,
+            arrival_ns=spec.arrival_ns, priority=spec.priority, tenant=spec.tenant,
+            deadline_ns=spec.deadline_ns, cancel_at_iteration=spec.cancel_at_iteration,
+        ))
+    return out
+
+
+def worked_example(prompt_tokens: int = 16, waiting: int = 8, short: int = 32, long: int = 512) -> list[RequestSpec]:
+    """Eight requests together: seven stop after `short` tokens, one after `long`; `waiting` more queue behind."""
+    first = [RequestSpec(0, prompt_tokens, short) for _ in range(7)] + [RequestSpec(0, prompt_tokens, long)]
+    return first + [RequestSpec(0, prompt_tokens, short) for _ in range(waiting)]
+
+
+def exact_mix(n: int, lengths: tuple[int, ...], probs: tuple[float, ...], seed: int) -> list[int]:
+    """`n` lengths whose counts follow `probs` as exactly as `n` allows, shuffled by `seed`."""
+    counts = [int(round(p * n)) for p in probs]
+    counts[max(range(len(counts)), key=lambda i: probs[i])] += n - sum(counts)
+    values = [length for length, c in zip(lengths, counts) for _ in range(c)]
+    random.Random(seed).shuffle(values)
+    return values
+
+
+def slot_time(kind: str, n: int, prompt_tokens: int = 32, seed: int = 0) -> list[RequestSpec]:
+    """The seed's capacity-16 experiment: all requests queued at t=0 (the queue never empties early)."""
+    if kind == "uniform":
+        lengths = [128] * n
+    elif kind == "variable":
+        lengths = exact_mix(n, VARIABLE_LENGTHS, VARIABLE_PROBS, seed)
+    else:
+        raise UserError(f"slot-time workload {kind!r}: expected 'uniform' or 'variable'")
+    return [RequestSpec(0, prompt_tokens, out) for out in lengths]
+
+
+def parse_lengths(text: str) -> tuple[str, tuple]:
+    """A length distribution: `128`, `uniform:16:256`, or `choice:8,16,32@0.5,0.3,0.2`."""
+    try:
+        if text.isdigit():
+            return "fixed", (int(text),)
+        kind, _, rest = text.partition(":")
+        if kind == "uniform":
+            lo, hi = (int(x) for x in rest.split(":"))
+            if 1 <= lo <= hi:
+                return "uniform", (lo, hi)
+        elif kind == "choice":
+            values, _, probs = rest.partition("@")
+            vals = tuple(int(v) for v in values.split(","))
+            ps = tuple(float(p) for p in probs.split(",")) if probs else tuple(1 / len(vals) for _ in vals)
+            if len(vals) == len(ps) and abs(sum(ps) - 1) < 1e-9 and min(vals) >= 1:
+                return "choice", (vals, ps)
+    except ValueError:
+        pass
+    raise UserError(f"length distribution {text!r}: expected N, uniform:LO:HI or choice:A,B,..@PA,PB,.. (probabilities sum to 1)")
+
+
+def _draw(dist: tuple[str, tuple], rng: random.Random) -> int:
+    kind, args = dist
+    if kind == "fixed":
+        return args[0]
+    if kind == "uniform":
+        return rng.randint(*args)
+    return rng.choices(args[0], weights=args[1])[0]
+
+
+def synthetic(n: int, *, rate: float, cv: float = 1.0, prompt: str = "128", output: str = "128",
+              seed: int = 0) -> list[RequestSpec]:
+    """`n` requests with gamma inter-arrival times (cv=1 is Poisson) at `rate` per second; rate 0 = all at once."""
+    if n < 1 or rate < 0 or cv <= 0:
+        raise UserError(f"synthetic workload: need n >= 1, rate >= 0, cv > 0 (got n={n}, rate={rate}, cv={cv})")
+    rng = random.Random(seed)
+    p_dist, o_dist = parse_lengths(prompt), parse_lengths(output)
+    shape = 1.0 / (cv * cv)
+    t, specs = 0.0, []
+    for _ in range(n):
+        specs.append(RequestSpec(int(t * 1e9), _draw(p_dist, rng), _draw(o_dist, rng)))
+        if rate > 0:
+            t += rng.gammavariate(shape, 1.0 / (rate * shape))
+    return specs
+
+
+def load_trace(path: Path, *, limit: int | None = None, time_scale: float = 1.0) -> list[RequestSpec]:
+    """Read an Azure LLM trace CSV or a JSONL trace; arrivals start at 0 and are divided by `time_scale`."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such workload file")
+    reader = _read_azure_csv if path.suffix.lower() == ".csv" else _read_jsonl
+    rows = reader(path, limit)
+    if not rows:
+        raise UserError(f"{path}: no requests in the file")
+    t0 = min(t for t, _, _ in rows)
+    return [RequestSpec(int((t - t0) / time_scale), max(1, p), max(1, o)) for t, p, o in rows]
+
+
+def _read_azure_csv(path: Path, limit: int | None) -> list[tuple[int, int, int]]:
+    rows = []
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(reader.fieldnames or ())
+        if missing:
+            raise UserError(f"{path}: not an Azure LLM trace: missing column(s) {', '.join(sorted(missing))}")
+        for line, rec in enumerate(reader, start=2):
+            if limit is not None and len(rows) >= limit:
+                break
+            try:
+                ts = _azure_timestamp_ns(rec["TIMESTAMP"])
+                rows.append((ts, int(rec["ContextTokens"]), int(rec["GeneratedTokens"])))
+            except (TypeError, ValueError):
+                raise UserError(f"{path}:{line}: bad row {rec!r}") from None
+    return rows
+
+
+def _azure_timestamp_ns(text: str) -> int:
+    """'2023-11-16 18:17:03.9799600' (100 ns digits) to integer ns since the Unix epoch."""
+    whole, _, frac = text.strip().partition(".")
+    secs = calendar.timegm(time.strptime(whole, "%Y-%m-%d %H:%M:%S"))
+    if frac and not frac.isdigit():
+        raise ValueError(text)
+    return secs * 1_000_000_000 + int((frac + "000000000")[:9])
+
+
+def _read_jsonl(path: Path, limit: int | None) -> list[tuple[int, int, int]]:
+    rows = []
+    with path.open() as fh:
+        for line_no, line in enumerate(fh, start=1):
+            if limit is not None and len(rows) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                rows.append((int(float(rec["timestamp"]) * 1_000_000), int(rec["input_length"]), int(rec["output_length"])))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                raise UserError(f"{path}:{line_no}: expected JSON with timestamp (ms), input_length, output_length ({type(exc).__name__}: {exc})") from None
+    return rows
