@@ -76,6 +76,13 @@ class BlockManager:
             req.block_ids.extend(self.device.take(req.request_id, need))
             self.allocated_this_iteration += need
 
+    def grow_to(self, req: Request, num_blocks: int) -> None:
+        """Preallocate: extend the request's table to `num_blocks` blocks (all or nothing)."""
+        need = max(0, num_blocks - len(req.block_ids))
+        if need:
+            req.block_ids.extend(self.device.take(req.request_id, need))
+            self.allocated_this_iteration += need
+
     def free(self, req: Request) -> None:
         """Release every device block and swap slot the request holds."""
         if req.block_ids:

@@ -6,8 +6,8 @@ Continuous mode rebuilds membership every iteration, in three passes, each in po
 running decodes (one token each), running prefills (a chunk each), then the queue (new and
 preempted requests). A running request that needs a KV block when none is free preempts the
 lowest-ranked running request not yet scheduled this iteration (itself when none is left).
-Static mode forms a batch only when the previous one is done; members keep their slots, and
-their KV blocks, until the last member finishes.
+Static mode forms a batch only when the previous one is done, preallocating each member's KV for
+its whole length; members keep their slots and blocks until the last member finishes.
 """
 from __future__ import annotations
 
@@ -221,24 +221,22 @@ class Scheduler:
         budget.limit = Limit.QUEUE_EMPTY
 
     def _form_static_batch(self, budget: _Budget, iteration: int) -> None:
-        """Static mode: no batch is running; take up to `max_num_seqs` requests whose prompts fit the KV pool."""
-        planned = 0
+        """Static mode: no batch is running; take up to `max_num_seqs` requests in policy order.
+
+        Like a static-batching server, the batch preallocates each member's KV for its whole length
+        (prompt + max_tokens), so members never wait for blocks or get preempted mid-batch.
+        """
         while (req := self.waiting.peek()) is not None and len(self.running) < budget.seqs:
-            if self.config.preemption is PreemptKind.REJECT:
-                if not self._reserve(req, iteration):
-                    continue
-            else:
-                need = self.blocks.blocks_for(req.num_tokens)
-                if planned + need > self.blocks.device.num_free:
-                    budget.limit = Limit.KV_BLOCKS
-                    break
-                planned += need
+            need = self._worst_blocks(req)
+            if need > self.blocks.device.num_free:
+                budget.limit = Limit.KV_BLOCKS
+                break
+            self.blocks.grow_to(req, need)
             self.running.append(self.waiting.pop())
         else:
             budget.limit = Limit.SEQ_BUDGET if self.waiting else Limit.QUEUE_EMPTY
         for req in self.running:
-            if not req.phase.terminal:
-                self._try_start(req, budget, iteration)
+            self._try_start(req, budget, iteration)
 
     def _try_start(self, req: Request, budget: _Budget, iteration: int) -> bool:
         """Admit or resume a request into this iteration if the budgets and blocks allow."""
@@ -271,7 +269,8 @@ class Scheduler:
         room = budget.tokens if is_decode else budget.prefill_cap
         if want <= room:
             return want
-        if self.config.chunked_prefill and room > 0:
+        # A recompute can outgrow a prompt that fit: it is chunked even when chunked prefill is off.
+        if (self.config.chunked_prefill or req.num_preemptions) and room > 0:
             return room
         budget.limit = Limit.DECODE_RESERVE if room < budget.tokens and want <= budget.tokens else Limit.TOKEN_BUDGET
         return 0

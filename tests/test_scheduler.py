@@ -1,0 +1,166 @@
+"""Exact checks of the seed's worked example and slot-time claims, on the simulated runner."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pyarrow.parquet as pq
+import pytest
+
+from itertrace.profiler import experiments
+from itertrace.profiler.kv import BlockManager
+from itertrace.profiler.request import Phase, Reason
+from itertrace.profiler.scheduler import Mode, Scheduler, SchedulerConfig
+from itertrace.profiler.session import RunSpec, run
+from itertrace.profiler.workloads import RequestSpec, build_requests, slot_time, worked_example
+
+
+def _run(mode: Mode, specs, capacity: int = 8, run_dir=None, **sched):
+    spec = RunSpec(scheduler=SchedulerConfig(mode=mode, max_num_seqs=capacity, **sched))
+    reqs = build_requests(specs)
+    res = run(spec, reqs, run_dir=run_dir, keep_membership=True)
+    return reqs, res
+
+
+def _finish_iteration(req) -> int:
+    return next(t.iteration for t in req.transitions if t.dst.terminal)
+
+
+def test_worked_example_static_keeps_finished_ids_for_480_iterations(tmp_path):
+    reqs, res = _run(Mode.STATIC, worked_example(), run_dir=tmp_path)
+    assert [_finish_iteration(r) for r in reqs[:8]] == [31] * 7 + [511]
+    # the seven finished ids stay in the batch table from iteration 32 through 511
+    log = pq.read_table(tmp_path / "iterations.parquet").to_pylist()
+    held = [row["iteration"] for row in log if sorted(row["finished_member_ids"]) == list(range(7))]
+    assert held == list(range(32, 512))
+    assert all(row["member_ids"] == list(range(8)) for row in log[:512])
+    assert all(row["slots_finished"] == 7 and row["num_seqs"] == 1 for row in log[32:512])
+    # waiting requests start only when the long request is done
+    assert [r.first_scheduled_iteration for r in reqs[8:]] == [512] * 8
+    assert res.idle_finished == 7 * 480
+
+
+def test_worked_example_continuous_frees_slots_at_finish_iteration():
+    reqs, res = _run(Mode.CONTINUOUS, worked_example())
+    assert [_finish_iteration(r) for r in reqs[:8]] == [31] * 7 + [511]
+    for r in reqs[:7]:
+        assert r.request_id in res.membership[31]
+        assert r.request_id not in res.membership[32]
+    assert sorted(res.membership[32]) == list(range(7, 15))
+    # seven waiting requests take the freed slots at iteration 32; the eighth gets the next free one at 64
+    assert [r.first_scheduled_iteration for r in reqs[8:]] == [32] * 7 + [64]
+    assert res.idle_finished == 0
+
+
+def test_continuous_starts_waiting_requests_earlier_than_static():
+    static_reqs, static_res = _run(Mode.STATIC, worked_example())
+    cont_reqs, cont_res = _run(Mode.CONTINUOUS, worked_example())
+    for s, c in zip(static_reqs[8:], cont_reqs[8:]):
+        assert cont_res.times[c.request_id].first_token_ns < static_res.times[s.request_id].first_token_ns
+
+
+@pytest.mark.parametrize("mode", [Mode.STATIC, Mode.CONTINUOUS])
+def test_uniform_lengths_leave_no_idle_slot_while_queue_nonempty(mode, tmp_path):
+    reqs, res = _run(mode, slot_time("uniform", 160), capacity=16, run_dir=tmp_path)
+    log = pq.read_table(tmp_path / "iterations.parquet").to_pylist()
+    queued = [row for row in log if row["num_waiting"] > 0]
+    assert len(queued) == 128 * 9  # ten batches of 16; the queue empties when the tenth starts
+    assert all(row["num_seqs"] == 16 for row in queued)
+    assert res.idle_while_queued == 0 and res.idle_slot_iterations == 0
+
+
+def test_static_membership_is_unchanged_within_a_batch(tmp_path):
+    _run(Mode.STATIC, slot_time("variable", 64), capacity=16, run_dir=tmp_path)
+    log = pq.read_table(tmp_path / "iterations.parquet").to_pylist()
+    batches = []
+    for row in log:
+        if not batches or row["admitted"]:
+            batches.append(row["member_ids"])
+        assert row["member_ids"] == batches[-1]
+    assert len(batches) == 4 and sorted(sum(batches, [])) == list(range(64))
+
+
+def test_static_idle_matches_prediction_from_lengths():
+    specs = slot_time("variable", 160, seed=3)
+    _, res = _run(Mode.STATIC, specs, capacity=16)
+    assert res.idle_slot_iterations == experiments.static_idle_prediction([s.output_tokens for s in specs], 16)
+
+
+def test_variable_workload_has_mean_128_like_uniform():
+    for n in (20, 100, 4000):
+        lengths = [s.output_tokens for s in slot_time("variable", n)]
+        assert sum(lengths) == 128 * n
+
+
+def test_chunked_prefill_splits_a_long_prompt_under_the_token_budget(tmp_path):
+    reqs, _ = _run(Mode.CONTINUOUS, [RequestSpec(0, 100, 4)], capacity=4, run_dir=tmp_path, max_num_batched_tokens=32)
+    log = pq.read_table(tmp_path / "iterations.parquet").to_pylist()
+    assert [row["prefill_tokens"] for row in log[:4]] == [32, 32, 32, 4]
+    assert [row["decode_tokens"] for row in log] == [0, 0, 0, 0, 1, 1, 1]
+    assert len(reqs[0].output_ids) == 4
+
+
+def test_no_chunked_prefill_rejects_prompt_over_budget():
+    reqs, _ = _run(Mode.CONTINUOUS, [RequestSpec(0, 100, 4), RequestSpec(0, 10, 4)], capacity=4,
+                   max_num_batched_tokens=32, chunked_prefill=False)
+    assert reqs[0].phase is Phase.REJECTED and reqs[0].stop_reason is Reason.TOO_LONG
+    assert reqs[1].phase is Phase.FINISHED_LENGTH
+
+
+def test_decode_reserve_holds_back_prefill(tmp_path):
+    # 3 decoding requests, then a 64-token prompt arrives; half of a 32-token budget is reserved for decode
+    specs = [RequestSpec(0, 4, 40)] * 3 + [RequestSpec(1, 64, 2)]
+    spec = RunSpec(scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=32, decode_reserve=0.5))
+    run(spec, build_requests(specs), run_dir=tmp_path)
+    log = pq.read_table(tmp_path / "iterations.parquet").to_pylist()
+    late = [row for row in log if row["iteration"] >= 1 and row["prefill_tokens"]]
+    assert all(row["prefill_tokens"] <= 32 - max(16, row["decode_tokens"]) for row in log)
+    assert [row["prefill_tokens"] for row in late][:4] == [16, 16, 16, 16]
+
+
+def test_recompute_preemption_frees_blocks_and_reruns_the_prefix():
+    # 4 blocks of 4 tokens = 16 token slots; two requests of 4 + 10 tokens cannot both fit
+    blocks = BlockManager(num_blocks=4, block_size=4)
+    sched = Scheduler(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=64), blocks)
+    reqs = build_requests([RequestSpec(0, 4, 10), RequestSpec(0, 4, 10)])
+    for r in reqs:
+        sched.add(r, 0)
+    it, preempted_at = 0, None
+    while sched.has_work():
+        d = sched.schedule(it)
+        if d.preempted and preempted_at is None:
+            preempted_at = it
+        sched.postprocess(d, {s.request_id: 65 for s in d.batch.seqs if s.sample}, it)
+        it += 1
+    victim = reqs[1]  # FCFS: the later arrival is the victim
+    assert preempted_at is not None and victim.num_preemptions >= 1 and reqs[0].num_preemptions == 0
+    assert [t.reason for t in victim.transitions if t.dst is Phase.PREEMPTED][0] is Reason.KV_EXHAUSTED
+    assert all(r.phase is Phase.FINISHED_LENGTH and len(r.output_ids) == 10 for r in reqs)
+    assert blocks.device.num_free == 4
+
+
+def test_fairness_srw_preempts_the_long_request_and_aging_protects_it():
+    rows = {r["policy"]: r for r in experiments.fairness(RunSpec(), shorts=200)["rows"]}
+    assert rows["fcfs"]["long_preemptions"] == 0
+    assert rows["srw"]["long_preemptions"] > 0
+    assert rows["srw"]["long_completion_ms"] > rows["fcfs"]["long_completion_ms"]
+    assert rows["priority"]["long_completion_ms"] < rows["priority-no-aging"]["long_completion_ms"]
+    assert rows["srw"]["long_longest_stall_iterations"] > rows["fcfs"]["long_longest_stall_iterations"]
+
+
+def test_slot_time_experiment_recovers_slot_time_only_with_variance():
+    result = experiments.slot_time(RunSpec(), 160)
+    ratios = result["continuous_over_static"]
+    assert ratios["uniform"] == pytest.approx(1.0)
+    assert ratios["variable"] > 2.0
+    static_var = next(r for r in result["rows"] if (r["workload"], r["mode"]) == ("variable", "static"))
+    assert static_var["idle_slot_iterations"] == static_var["idle_predicted_from_lengths"] > 0
+    assert "variance" in result["conclusion"]
+
+
+def test_cancel_frees_blocks_at_the_boundary():
+    specs = [replace(s, cancel_at_iteration=5) if i == 0 else s
+             for i, s in enumerate([RequestSpec(0, 8, 30), RequestSpec(0, 8, 30)])]
+    reqs, res = _run(Mode.CONTINUOUS, specs, capacity=2)
+    assert reqs[0].phase is Phase.CANCELED and len(reqs[0].output_ids) == 5
+    assert reqs[0].transitions[-1].iteration == 5 and reqs[0].request_id not in res.membership[5]
+    assert reqs[1].phase is Phase.FINISHED_LENGTH
