@@ -1,0 +1,163 @@
+"""`ingest`: sources of every known kind into one DuckDB file, built aside and renamed into place at the end.
+
+Each source goes to the first loader that claims it, and every source is checked before anything is
+written. The database is built in a temporary file beside the target and renamed onto it at the end,
+so a failed ingest leaves no file behind and an existing database untouched.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+from itertrace.errors import UserError
+from itertrace.ingest.arrow_io import first_line
+from itertrace.ingest.loader import LoadContext, Loader
+from itertrace.ingest.nsys_loader import NsysLoader
+from itertrace.ingest.progress import Progress
+
+# Files this DuckDB writes can be opened by DuckDB 1.0 and newer, not only by the writing version.
+STORAGE_COMPATIBILITY = "v1.0.0"
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    """Settings of one ingest."""
+
+    batch_rows: int = 65_536  # rows per record batch handed to DuckDB: bounds the memory a table takes
+    memory_limit: str | None = None  # DuckDB's memory_limit, e.g. "2GB"; None keeps DuckDB's default
+    threads: int | None = None  # DuckDB worker threads; None keeps DuckDB's default
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """What an ingest wrote: the database, the sources and their kinds, rows, and time taken."""
+
+    db: Path
+    sources: tuple[Path, ...]
+    kinds: tuple[str, ...]
+    rows: int
+    seconds: float
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else float("inf")
+
+
+def default_loaders(nsys_executable: str | Path | None = None) -> list[Loader]:
+    """The loaders `ingest` uses unless given others, narrowest kind first."""
+    return [NsysLoader(nsys_executable)]
+
+
+def ingest(
+    sources: Sequence[str | Path],
+    db: str | Path,
+    *,
+    loaders: Sequence[Loader] | None = None,
+    options: IngestOptions = IngestOptions(),
+    progress: Progress | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> IngestResult:
+    """Load every source into a new DuckDB database at `db`, replacing any file there only on success."""
+    started = clock()
+    target = Path(db)
+    paths = [Path(source) for source in sources]
+    chosen = list(loaders) if loaders is not None else default_loaders()
+    plan = [(path, _loader_for(path, chosen)) for path in paths]
+    groups = _group(plan)
+    for loader, claimed in groups:
+        loader.check(claimed)
+    _check_target(target, paths)
+    progress = progress if progress is not None else Progress(enabled=False)
+    building = target.with_name(f".{target.name}.{os.getpid()}.ingest")
+    _remove_database(building)
+    try:
+        workdir = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".work", dir=target.parent))
+    except OSError as exc:
+        raise UserError(f"{target}: cannot write in {target.parent} ({exc.strerror})")
+    try:
+        con = _connect(building, options)
+        try:
+            ctx = LoadContext(con, workdir, options.batch_rows, progress)
+            con.begin()  # one transaction: the temporary file already makes the ingest all-or-nothing
+            for path, loader in plan:
+                loader.load(path, ctx)
+            for loader, claimed in groups:
+                loader.finish(claimed, ctx)
+            con.commit()
+            rows = ctx.rows_written
+        finally:
+            con.close()
+        os.replace(building, target)
+        target.with_name(target.name + ".wal").unlink(missing_ok=True)  # a log of the database replaced
+    except BaseException:
+        _remove_database(building)
+        raise
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+        progress.close()
+    kinds = tuple(loader.kind for _, loader in plan)
+    return IngestResult(target, tuple(paths), kinds, rows, clock() - started)
+
+
+def _loader_for(path: Path, loaders: Sequence[Loader]) -> Loader:
+    if not path.exists():
+        raise UserError(f"{path}: no such file or folder")
+    for loader in loaders:
+        if loader.claims(path):
+            return loader
+    expected = "; or ".join(loader.accepts for loader in loaders)
+    if path.is_dir():
+        what = "folder is empty" if not any(path.iterdir()) else "folder holds no tables that itertrace recognises"
+        raise UserError(f"{path}: {what}; expected {expected}")
+    if path.stat().st_size == 0:
+        raise UserError(f"{path}: empty file of unknown type; expected {expected}")
+    raise UserError(f"{path}: unknown source type{f' {path.suffix!r}' if path.suffix else ''}; expected {expected}")
+
+
+def _group(plan: list[tuple[Path, Loader]]) -> list[tuple[Loader, list[Path]]]:
+    groups: list[tuple[Loader, list[Path]]] = []
+    for path, loader in plan:
+        for known, claimed in groups:
+            if known is loader:
+                claimed.append(path)
+                break
+        else:
+            groups.append((loader, [path]))
+    return groups
+
+
+def _check_target(target: Path, sources: list[Path]) -> None:
+    if not sources:
+        raise UserError("no sources to ingest")
+    if not target.parent.is_dir():
+        raise UserError(f"{target}: folder {target.parent} does not exist")
+    if target.is_dir():
+        raise UserError(f"{target}: is a folder, not a database file")
+    if any(target.resolve() == source.resolve() for source in sources):
+        raise UserError(f"{target}: the database would overwrite one of the sources")
+
+
+def _connect(path: Path, options: IngestOptions) -> duckdb.DuckDBPyConnection:
+    config: dict[str, str | int] = {"storage_compatibility_version": STORAGE_COMPATIBILITY}
+    if options.memory_limit:
+        config["memory_limit"] = options.memory_limit
+    if options.threads:
+        config["threads"] = options.threads
+    try:
+        return duckdb.connect(str(path), config=config)
+    except (duckdb.InvalidInputException, duckdb.ParserException) as exc:  # e.g. a memory limit it cannot parse
+        settings = ", ".join(f"{key}={value}" for key, value in config.items())
+        raise UserError(f"DuckDB refused the settings {settings} ({first_line(exc)})")
+
+
+def _remove_database(path: Path) -> None:
+    for leftover in (path, path.with_name(path.name + ".wal")):
+        leftover.unlink(missing_ok=True)
+    shutil.rmtree(path.with_name(path.name + ".tmp"), ignore_errors=True)

@@ -1,0 +1,79 @@
+"""The per-kind loader interface, and the context through which loaders write into the database."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import duckdb
+import pyarrow as pa
+
+from itertrace.errors import UserError
+from itertrace.ingest.arrow_io import TableStream, first_line
+from itertrace.ingest.convert import uniform_batch, uniform_schema
+from itertrace.ingest.progress import Progress
+
+
+class Loader(Protocol):
+    """One kind of source (an nsys export, an engine run directory, ...) and how it enters the database.
+
+    `ingest` offers each source to the loaders in order and the first whose `claims` answers True takes
+    it, so a loader for a narrower kind goes before a broader one. Before anything is written, `check`
+    sees every source the loader took and raises `UserError` for any it cannot load; then `load` runs
+    once per source, in the order given, and `finish` once after all sources of every kind are in.
+    """
+
+    kind: str  # short name, e.g. "nsys"
+    accepts: str  # what it takes, in words, for the message about an unrecognised source
+
+    def claims(self, path: Path) -> bool: ...
+
+    def check(self, paths: list[Path]) -> None: ...
+
+    def load(self, path: Path, ctx: LoadContext) -> None: ...
+
+    def finish(self, paths: list[Path], ctx: LoadContext) -> None: ...
+
+
+@dataclass
+class LoadContext:
+    """The open database and ingest settings, shared by every loader of one ingest call."""
+
+    con: duckdb.DuckDBPyConnection
+    workdir: Path  # scratch space beside the database, removed when the ingest ends
+    batch_rows: int
+    progress: Progress
+    rows_written: int = 0
+    _readers: int = field(default=0, repr=False)
+
+    def write_table(self, schema: str, table: TableStream, name: str | None = None) -> None:
+        """Create `schema.name` (default: the table's own name) from the table's batches, streaming."""
+        arrow_schema = uniform_schema(table.schema)
+        failures: list[BaseException] = []
+
+        def batches():
+            try:
+                for batch in table.read(self.batch_rows):
+                    yield uniform_batch(batch, arrow_schema)
+                    self.progress.advance(batch.num_rows, table.name)
+            except Exception as exc:  # surfaces inside DuckDB's scan; remembered to name the file
+                failures.append(exc)
+                raise
+
+        self._readers += 1
+        view = f"_ingest_stream_{self._readers}"
+        self.con.register(view, pa.RecordBatchReader.from_batches(arrow_schema, batches()))
+        try:
+            self.con.execute(f"CREATE TABLE {quote(schema)}.{quote(name or table.name)} AS SELECT * FROM {view}")
+        except duckdb.Error as exc:
+            if failures:
+                raise UserError(f"{table.file}: cannot read table {table.name} ({first_line(failures[0])})") from exc
+            raise
+        finally:
+            self.con.unregister(view)
+        self.rows_written += table.num_rows
+
+
+def quote(identifier: str) -> str:
+    """`identifier` as a quoted SQL identifier."""
+    return '"' + identifier.replace('"', '""') + '"'

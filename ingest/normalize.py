@@ -1,0 +1,72 @@
+"""Build the normalized, documented tables (nvtx_ranges, gpu_ops, ...) from the raw nsys tables."""
+from __future__ import annotations
+
+from importlib import resources
+
+import duckdb
+
+from itertrace.ingest.adapters import create_raw_views
+from itertrace.ingest.progress import Progress
+from itertrace.ingest.sqldoc import comment_statements, statements, table_docs
+
+# In dependency order: each file may read the tables of the files before it.
+SQL_FILES = (
+    "capture_meta.sql",
+    "threads.sql",
+    "processes.sql",
+    "nvtx_names.sql",
+    "nvtx_ranges.sql",
+    "nvtx_marks.sql",
+    "cuda_api.sql",
+    "gpu_ops.sql",
+    "nvtx_gpu_projection.sql",
+)
+
+
+def sql_text(name: str) -> str:
+    """The text of one of this package's SQL files."""
+    return resources.files("itertrace.ingest").joinpath("sql", name).read_text(encoding="utf-8")
+
+
+def normalized_tables() -> list[str]:
+    """Names of the normalized tables, in the order they are built."""
+    return [doc.table for name in SQL_FILES for doc in table_docs(sql_text(name))]
+
+
+def build_normalized(
+    con: duckdb.DuckDBPyConnection,
+    raw_schema: str,
+    source: str,
+    source_kind: str,
+    progress: Progress | None = None,
+) -> None:
+    """Create every normalized table in the main schema from the raw tables in `raw_schema`, with comments."""
+    _prefer_sort_based_joins(con)
+    create_raw_views(con, raw_schema)
+    con.execute("CREATE OR REPLACE TEMP TABLE _ingest_source AS SELECT ?::VARCHAR AS source, ?::VARCHAR AS source_kind",
+                [source, source_kind])
+    for name in SQL_FILES:
+        text = sql_text(name)
+        if progress is not None:
+            progress.phase(f"building {', '.join(doc.table for doc in table_docs(text))}")
+        for statement in statements(text):
+            con.execute(statement)
+        for statement in comment_statements(text):
+            con.execute(statement)
+
+
+def _prefer_sort_based_joins(con: duckdb.DuckDBPyConnection) -> None:
+    """Keep DuckDB on its sort-based ASOF and IEJoin plans even where it underestimates row counts.
+
+    Notes
+    -----
+    Below `asof_loop_join_threshold` estimated rows DuckDB runs an ASOF join as a nested loop, and
+    below `merge_join_threshold` it takes a piecewise merge join over an IEJoin; both compare every
+    pair of rows on a thread. Its estimates after filters and window functions run far low (60 rows
+    estimated for 19k ranges in a real export), so both thresholds go to 0 for the ingest connection.
+    """
+    for setting in ("asof_loop_join_threshold", "merge_join_threshold"):
+        try:
+            con.execute(f"SET {setting} = 0")
+        except duckdb.CatalogException:  # an older DuckDB without this setting also lacks the shortcut
+            pass

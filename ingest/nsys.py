@@ -1,0 +1,205 @@
+"""The Nsight Systems command line: find it, read versions, capture a command, export a report to Arrow.
+
+Debian's nsys (bookworm non-free) hides its importer from `nsys profile`, which then leaves only a
+.qdstrm; `profile` runs QdstrmImporter itself in that case and removes the .qdstrm. Without `log`,
+nsys's and the profiled command's output go to this process's stdout and stderr.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from itertrace.errors import UserError
+
+INSTALL_HINT = (
+    "install Nsight Systems: on Debian bookworm add the non-free component to an apt source "
+    "(Components: main contrib non-free), then `apt-get update && apt-get install -y "
+    "--no-install-recommends nsight-systems-target nsight-systems`; elsewhere install NVIDIA's "
+    "Nsight Systems CLI"
+)
+# Where nsys lives when it is not on PATH: NVIDIA's installers and the CUDA toolkit.
+_KNOWN_LOCATIONS = ("/usr/local/cuda/bin/nsys", "/opt/nvidia/nsight-systems/*/bin/nsys")
+_DEBIAN_IMPORTER = "/usr/lib/nsight-systems/host-linux-x64/QdstrmImporter"
+_REPORT_MAGIC = b"NVIDIA Tegra Profiler Report "
+_REPORT_VERSION = re.compile(rb"(\d{4})@(\d+)@(\d+)")
+_CPU_TRACES = ("nvtx", "osrt")
+# No CPU sampling or context-switch tracing: these machines refuse them and the NVTX traces need neither.
+_QUIET_FLAGS = ("--sample=none", "--cpuctxsw=none")
+
+
+@dataclass(frozen=True, order=True)
+class NsysVersion:
+    """An Nsight Systems release: year, release within the year, patch (2022.4.2)."""
+
+    year: int
+    release: int
+    patch: int
+
+    def __str__(self) -> str:
+        return f"{self.year}.{self.release}.{self.patch}"
+
+    @classmethod
+    def parse(cls, text: str) -> NsysVersion | None:
+        """The first YYYY.R.P in `text` (e.g. `nsys --version` output), or None."""
+        found = re.search(r"(\d{4})\.(\d+)\.(\d+)", text)
+        return cls(*map(int, found.groups())) if found else None
+
+
+@dataclass(frozen=True)
+class Nsys:
+    """An installed nsys: its executable and version."""
+
+    executable: Path
+    version: NsysVersion
+
+    def importer(self) -> Path | None:
+        """QdstrmImporter of this nsys installation (which Debian's layout hides from `nsys profile`), if any.
+
+        Looks in `<root>/host-linux-x64/` for each `<root>/<dir>/nsys` along the executable's chain of
+        symbolic links (Debian: /usr/bin/nsys -> /usr/lib/nsight-systems/bin/nsys -> ...).
+        """
+        path, seen = self.executable, set()
+        while path not in seen:
+            seen.add(path)
+            candidate = path.parent.parent / "host-linux-x64" / "QdstrmImporter"
+            if candidate.is_file():
+                return Path(os.path.normpath(candidate))
+            if not path.is_symlink():
+                break
+            path = path.parent / os.readlink(path)
+        fallback = Path(_DEBIAN_IMPORTER)
+        return fallback if fallback.is_file() else None
+
+
+@dataclass(frozen=True)
+class Capture:
+    """A finished `nsys profile` run: the report it made and the profiled command's exit status."""
+
+    report: Path
+    returncode: int
+
+
+def find_nsys(executable: str | Path | None = None) -> Nsys:
+    """The nsys at `executable`, else on PATH, else in NVIDIA's usual places; UserError saying how to install it."""
+    path = _locate(executable)
+    if path is None:
+        where = f"{executable} is not an executable" if executable else "nsys is not on PATH"
+        raise UserError(f"Nsight Systems not found ({where}); {INSTALL_HINT}")
+    try:
+        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UserError(f"{path}: cannot run `nsys --version` ({exc})")
+    version = NsysVersion.parse(out.stdout + out.stderr)
+    if version is None:
+        raise UserError(f"{path}: `nsys --version` printed no version ({(out.stdout + out.stderr).strip()[:80]!r})")
+    return Nsys(path, version)
+
+
+def report_version(report: Path) -> NsysVersion | None:
+    """The nsys version stamped in a .nsys-rep header; None for headers that carry none (nsys 2022 and older)."""
+    if report.stat().st_size == 0:
+        raise UserError(f"{report}: empty file, not an Nsight Systems report")
+    with open(report, "rb") as f:
+        head = f.read(256)
+    if not head.startswith(_REPORT_MAGIC):
+        raise UserError(f"{report}: not an Nsight Systems report (no 'NVIDIA Tegra Profiler Report' header)")
+    found = _REPORT_VERSION.match(head, len(_REPORT_MAGIC))
+    return NsysVersion(*map(int, found.groups())) if found else None
+
+
+def check_report(report: Path, nsys: Nsys) -> None:
+    """UserError when `report` is empty, not a report, or written by an nsys newer than `nsys`."""
+    written_by = report_version(report)
+    if written_by is not None and written_by > nsys.version:
+        raise UserError(
+            f"{report}: written by Nsight Systems {written_by}, newer than the installed {nsys.version} "
+            f"({nsys.executable}), which cannot read it; export it with nsys {written_by} or newer "
+            f"(`nsys export --type arrow -o {report.with_suffix('.arrow').name} {report.name}`) and ingest the "
+            f".arrow file, or install Nsight Systems {written_by} or newer"
+        )
+
+
+def export_arrow(report: Path, out: Path, nsys: Nsys) -> Path:
+    """Export `report` to one Arrow file at `out` (concatenated IPC streams) and return `out`."""
+    check_report(report, nsys)
+    command = [str(nsys.executable), "export", "--type", "arrow", "--force-overwrite", "true",
+               "--quiet", "true", "--output", str(out), str(report.resolve())]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0 or not out.is_file():
+        said = (done.stderr + done.stdout).strip().splitlines()
+        raise UserError(f"{report}: `nsys export --type arrow` failed ({said[-1] if said else f'exit {done.returncode}'})")
+    return out
+
+
+def machine_traces() -> tuple[str, ...]:
+    """The `--trace` APIs that fit this machine: NVTX and OS runtime, plus CUDA where an NVIDIA GPU is present."""
+    has_gpu = Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None
+    return (*_CPU_TRACES, "cuda") if has_gpu else _CPU_TRACES
+
+
+def profile(
+    command: Sequence[str],
+    report: Path,
+    nsys: Nsys,
+    *,
+    traces: Sequence[str] | None = None,
+    extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    log: Path | None = None,
+    timeout_s: float | None = None,
+) -> Capture:
+    """Run `command` under `nsys profile` into `report` (.nsys-rep), importing a left-over .qdstrm; output to `log`."""
+    if report.suffix != ".nsys-rep":
+        raise UserError(f"{report}: a report path must end in .nsys-rep")
+    base = report.with_suffix("")
+    qdstrm = base.with_suffix(".qdstrm")
+    for stale in (report, qdstrm):
+        stale.unlink(missing_ok=True)
+    args = [str(nsys.executable), "profile", f"--trace={','.join(traces or machine_traces())}", *_QUIET_FLAGS,
+            "--force-overwrite=true", f"--output={base}", *extra_args, *command]
+    run_env = {**os.environ, **env} if env is not None else None
+    with open(log, "w") if log else contextlib.nullcontext() as out:
+        try:
+            done = subprocess.run(args, env=run_env, stdout=out, stderr=subprocess.STDOUT if out else None,
+                                  timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise UserError(f"nsys profile of {' '.join(command)!r} ran past {timeout_s} s")
+    if not report.is_file() and qdstrm.is_file():
+        _import_qdstrm(qdstrm, nsys)
+    if not report.is_file():
+        raise UserError(f"nsys profile of {' '.join(command)!r} made no report (exit {done.returncode}"
+                        f"{f'; see {log}' if log else ''})")
+    return Capture(report, done.returncode)
+
+
+def _import_qdstrm(qdstrm: Path, nsys: Nsys) -> None:
+    importer = nsys.importer()
+    if importer is None:
+        raise UserError(f"{qdstrm}: nsys left a .qdstrm and no QdstrmImporter was found beside {nsys.executable}")
+    done = subprocess.run([str(importer), "-i", str(qdstrm)], capture_output=True, text=True)
+    if done.returncode != 0 or not qdstrm.with_suffix(".nsys-rep").is_file():
+        said = (done.stderr + done.stdout).strip().splitlines()
+        raise UserError(f"{qdstrm}: QdstrmImporter failed ({said[-1] if said else f'exit {done.returncode}'})")
+    qdstrm.unlink()
+
+
+def _locate(executable: str | Path | None) -> Path | None:
+    if executable is not None:
+        path = Path(executable)
+        found = shutil.which(str(path)) if path.parent == Path(".") else (str(path) if os.access(path, os.X_OK) else None)
+        return Path(found) if found else None
+    on_path = shutil.which("nsys")
+    if on_path:
+        return Path(on_path)
+    for pattern in _KNOWN_LOCATIONS:
+        matches = sorted(Path("/").glob(pattern.lstrip("/")))
+        if matches and os.access(matches[-1], os.X_OK):
+            return matches[-1]
+    return None
+

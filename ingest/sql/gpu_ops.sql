@@ -1,0 +1,86 @@
+-- GPU operations: one row per kernel, memcpy and memset CUPTI recorded, with names resolved.
+CREATE TABLE gpu_ops (
+  -- Id of the operation in this database: its position by start_ns, then kind, device, stream and correlation_id; stable across re-ingests.
+  gpu_op_id BIGINT,
+  -- 'kernel', 'memcpy' or 'memset'.
+  kind VARCHAR,
+  -- Start on the GPU, in ns since the capture session started.
+  start_ns BIGINT,
+  -- End on the GPU, in ns since the session started.
+  end_ns BIGINT,
+  -- end_ns - start_ns.
+  dur_ns BIGINT,
+  -- Kernel: its demangled name (StringIds via demangledName); memcpy: '[CUDA memcpy <copy kind>]'; memset: '[CUDA memset]'.
+  name VARCHAR,
+  -- Kernel: its short name (StringIds via shortName); NULL for other kinds.
+  short_name VARCHAR,
+  -- CUDA device id.
+  device_id BIGINT,
+  -- CUDA context id.
+  context_id BIGINT,
+  -- CUDA stream id.
+  stream_id BIGINT,
+  -- CUPTI correlation id of the API call that launched it, within its process (cuda_api.correlation_id).
+  correlation_id BIGINT,
+  -- Global id of the launching process (processes.global_pid).
+  global_pid BIGINT,
+  -- Operating-system process id of the launching process.
+  pid BIGINT,
+  -- Bytes copied or set; NULL for kernels.
+  bytes BIGINT,
+  -- Memcpy direction, e.g. 'Host-to-Device' (ENUM_CUDA_MEMCPY_OPER label, else the raw copyKind); NULL for other kinds.
+  copy_kind VARCHAR,
+  -- Kernel launch type, e.g. 'Regular' (ENUM_CUDA_KERNEL_LAUNCH_TYPE, spelt ENUM_CUDA_KRENEL_LAUNCH_TYPE in nsys 2022); NULL for other kinds.
+  launch_type VARCHAR
+);
+
+INSERT INTO gpu_ops
+WITH
+  kernels AS (
+    SELECT
+      'kernel' AS kind, k.start, k."end", dn.value AS name, sn.value AS short_name, k.deviceId, k.contextId,
+      k.streamId, k.correlationId, k.globalPid, NULL::BIGINT AS bytes, NULL::VARCHAR AS copy_kind,
+      coalesce(lt.label, k.launchType::VARCHAR) AS launch_type, k._row
+    FROM _raw_kernels AS k
+    LEFT JOIN _raw_strings AS dn ON dn.id = k.demangledName
+    LEFT JOIN _raw_strings AS sn ON sn.id = k.shortName
+    LEFT JOIN _raw_enum_launch_type AS lt ON lt.id = k.launchType
+  ),
+  copies AS (
+    SELECT
+      'memcpy', m.start, m."end", '[CUDA memcpy ' || coalesce(op.label, m.copyKind::VARCHAR) || ']', NULL,
+      m.deviceId, m.contextId, m.streamId, m.correlationId, m.globalPid, m.bytes,
+      coalesce(op.label, m.copyKind::VARCHAR), NULL, m._row
+    FROM _raw_memcpy AS m
+    LEFT JOIN _raw_enum_memcpy_oper AS op ON op.id = m.copyKind
+  ),
+  sets AS (
+    SELECT
+      'memset', m.start, m."end", '[CUDA memset]', NULL, m.deviceId, m.contextId, m.streamId,
+      m.correlationId, m.globalPid, m.bytes, NULL, NULL, m._row
+    FROM _raw_memset AS m
+  ),
+  ops AS (
+    SELECT * FROM kernels
+    UNION ALL SELECT * FROM copies
+    UNION ALL SELECT * FROM sets
+  )
+SELECT
+  row_number() OVER (ORDER BY start, kind, deviceId, streamId, correlationId, _row) AS gpu_op_id,
+  kind,
+  start,
+  "end",
+  "end" - start,
+  name,
+  short_name,
+  deviceId,
+  contextId,
+  streamId,
+  correlationId,
+  globalPid,
+  (globalPid >> 24) & 16777215,
+  bytes,
+  copy_kind,
+  launch_type
+FROM ops
+ORDER BY gpu_op_id;

@@ -1,0 +1,81 @@
+"""SQL files whose tables document themselves: `--` comments above CREATE TABLE and above each column.
+
+A file is a sequence of statements, each ending with `;` at the end of a line of code. The comment lines
+directly above `CREATE TABLE name (` document the table, and the comment lines directly above a
+column definition inside it document that column; `comment_statements` turns them into
+`COMMENT ON` statements, so the documentation travels inside the database file.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_CREATE = re.compile(r"^CREATE TABLE (\w+) \($", re.IGNORECASE)
+_COLUMN = re.compile(r"^(\w+)\s+[A-Z]")
+
+
+@dataclass(frozen=True)
+class TableDoc:
+    """A table's documentation as written above its definition and its columns."""
+
+    table: str
+    text: str
+    columns: dict[str, str]
+
+
+def statements(sql: str) -> list[str]:
+    """The statements of `sql`, split at each `;` that ends a line of code (not of a comment)."""
+    parts: list[str] = []
+    current: list[str] = []
+    for line in sql.splitlines():
+        code = line.strip()
+        if code.endswith(";") and not code.startswith("--"):
+            current.append(line.rstrip()[:-1])
+            parts.append("\n".join(current))
+            current = []
+        else:
+            current.append(line)
+    parts.append("\n".join(current))
+    return [part.strip() for part in parts if _has_code(part)]
+
+
+def table_docs(sql: str) -> list[TableDoc]:
+    """The documented tables of `sql`, in the order it defines them."""
+    docs: list[TableDoc] = []
+    comment: list[str] = []
+    table: str | None = None
+    table_text = ""
+    columns: dict[str, str] = {}
+    for raw in sql.splitlines():
+        line = raw.strip()
+        if line.startswith("--"):
+            comment.append(line[2:].strip())
+            continue
+        if table is None:
+            if created := _CREATE.match(line):
+                table, table_text, columns = created.group(1), " ".join(comment), {}
+            comment = []
+        elif line.startswith(")"):
+            docs.append(TableDoc(table, table_text, columns))
+            table, comment = None, []
+        elif column := _COLUMN.match(line):
+            columns[column.group(1)] = " ".join(comment)
+            comment = []
+    return docs
+
+
+def comment_statements(sql: str) -> list[str]:
+    """`COMMENT ON TABLE` and `COMMENT ON COLUMN` statements for every documented table of `sql`."""
+    out: list[str] = []
+    for doc in table_docs(sql):
+        out.append(f"COMMENT ON TABLE {doc.table} IS {_literal(doc.text)}")
+        out.extend(f"COMMENT ON COLUMN {doc.table}.{name} IS {_literal(text)}" for name, text in doc.columns.items())
+    return out
+
+
+def _has_code(part: str) -> bool:
+    return any(line.strip() and not line.strip().startswith("--") for line in part.splitlines())
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
