@@ -123,9 +123,7 @@ class Engine:
                 self._detokenize(tokens)
             t_detok = clock.now_ns()
             with tracer.phase(PhaseName.POSTPROCESS):
-                finished = sched.postprocess(decision, tokens, iteration)
-                for req in finished:
-                    self.runner.release(req.request_id)
+                for req in sched.postprocess(decision, tokens, iteration):
                     tracer.mark(FINISH, req.request_id)
             end = clock.now_ns()
             tracer.pop()
@@ -161,6 +159,13 @@ class Engine:
                 self._text[rid] = []
             self._text[rid].append(detok.push(token))
 
+    def _end(self, request_id: int) -> None:
+        """A request reached a terminal state: drop its sampler state, finish its text."""
+        self.runner.release(request_id)
+        detok = self._detok.pop(request_id, None)
+        if detok is not None:
+            self._text[request_id].append(detok.flush())
+
     def _flush_events(self, start_ns: int, end_ns: int) -> None:
         """Stamp the scheduler's events: tokens and finishes at the iteration's end, the rest at its start."""
         for ev in self.scheduler.events:
@@ -171,7 +176,7 @@ class Engine:
                 ts = times.arrival_ns
             elif ev.kind in (EventKind.FINISH, EventKind.CANCEL, EventKind.REJECT):
                 times.finish_ns = ts
-                self._detok.pop(ev.request_id, None)
+                self._end(ev.request_id)
             elif late:
                 if times.first_token_ns is None:
                     times.first_token_ns = ts

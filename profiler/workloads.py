@@ -34,11 +34,14 @@ class RequestSpec:
 
 def build_requests(specs: list[RequestSpec], *, seed: int = 0, sampling: SamplingParams | None = None,
                    ignore_eos: bool = True) -> list[Request]:
-    """Turn specs into requests with deterministic synthetic prompts; output length is max_tokens."""
+    """Turn specs into requests with deterministic synthetic prompts; output length is max_tokens.
+
+    Stop tokens default to EOS; with `ignore_eos` (fixed-length workloads) only max_tokens ends a request.
+    """
     base = sampling or SamplingParams()
     out = []
     for i, spec in enumerate(specs):
-        sp = replace(base, max_tokens=spec.output_tokens, stop_token_ids=(EOS,), ignore_eos=ignore_eos,
+        sp = replace(base, max_tokens=spec.output_tokens, stop_token_ids=base.stop_token_ids or (EOS,), ignore_eos=ignore_eos,
                      seed=base.seed + seed * 1_000_003 + i)
         out.append(Request(
             request_id=i, prompt_ids=synth_prompt(spec.prompt_tokens, seed * 1_000_003 + i), sampling=sp,

@@ -1,0 +1,61 @@
+"""Benchmark: the scheduler's host time per iteration (schedule + prepare) at 16-1024 decode sequences.
+
+Steady state: every sequence is decoding, the queue is empty, KV blocks are plentiful. Reports the
+median over many iterations of `schedule`, the torch runner's `prepare` (block tables, positions,
+slot mapping as tensors, on a tiny model: prepare does not depend on model size), and `postprocess`.
+Run: .venv/bin/python benchmarks/bench_scheduler.py
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+from itertrace.profiler.kv import BlockManager
+from itertrace.profiler.model import ModelConfig
+from itertrace.profiler.scheduler import Scheduler, SchedulerConfig
+from itertrace.profiler.torch_runner import TorchRunner
+from itertrace.profiler.workloads import RequestSpec, build_requests
+
+BLOCK = 16
+PROMPT = 64
+
+
+def bench(n: int, iters: int) -> dict[str, float]:
+    blocks_per_seq = (PROMPT + iters + 64) // BLOCK + 2
+    blocks = BlockManager(n * blocks_per_seq, BLOCK)
+    sched = Scheduler(SchedulerConfig(max_num_seqs=n, max_num_batched_tokens=max(2048, n * PROMPT)), blocks)
+    runner = TorchRunner(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=2,
+                                     intermediate_size=64), num_blocks=n * blocks_per_seq, block_size=BLOCK)
+    for req in build_requests([RequestSpec(0, PROMPT, iters + 8) for _ in range(n)]):
+        sched.add(req, 0)
+    tokens = {}
+    it = 0
+    timings: dict[str, list[float]] = {"schedule": [], "prepare": [], "postprocess": []}
+    for it in range(iters + 3):
+        t0 = time.perf_counter_ns()
+        d = sched.schedule(it)
+        t1 = time.perf_counter_ns()
+        runner.prepare(d.batch)
+        t2 = time.perf_counter_ns()
+        tokens = {s.request_id: 65 for s in d.batch.seqs if s.sample}
+        t3 = time.perf_counter_ns()
+        sched.postprocess(d, tokens, it)
+        t4 = time.perf_counter_ns()
+        if it >= 3:  # the first iterations prefill; measure steady decode only
+            assert d.decode_tokens == n, (it, d.decode_tokens)
+            timings["schedule"].append((t1 - t0) / 1e3)
+            timings["prepare"].append((t2 - t1) / 1e3)
+            timings["postprocess"].append((t4 - t3) / 1e3)
+    return {k: statistics.median(v) for k, v in timings.items()}
+
+
+def main() -> None:
+    print(f"{'decode seqs':>11}  {'schedule us':>11}  {'prepare us':>10}  {'sched+prep us':>13}  {'postprocess us':>14}")
+    for n in (16, 64, 256, 1024):
+        r = bench(n, iters=200 if n <= 256 else 60)
+        print(f"{n:>11}  {r['schedule']:>11.1f}  {r['prepare']:>10.1f}  {r['schedule'] + r['prepare']:>13.1f}"
+              f"  {r['postprocess']:>14.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Byte-level tokenizer, incremental detokenizer and synthetic prompts."""
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from itertrace.profiler.tokenizer import BOS, EOS, PAD, IncrementalDetokenizer, decode, encode, synth_prompt
+
+TEXT = "naïve 東京 🎉"
+
+
+def test_round_trip_of_multibyte_text() -> None:
+    ids = encode(TEXT)
+    assert len(ids) == len(TEXT.encode("utf-8")) == 18  # ï 2 bytes, each kanji 3, the emoji 4
+    assert all(0 <= t < 256 for t in ids)
+    assert decode(ids) == TEXT
+    assert decode([BOS, *ids, EOS, PAD]) == TEXT
+    assert (BOS, EOS, PAD) == (256, 257, 258)
+
+
+def test_incremental_detokenizer_holds_partial_characters() -> None:
+    detok = IncrementalDetokenizer()
+    pieces = [detok.push(t) for t in encode("a🎉b")]
+    assert pieces == ["a", "", "", "", "🎉", "b"]
+    detok = IncrementalDetokenizer()
+    pieces = [detok.push(t) for t in [BOS, *encode(TEXT), EOS]]
+    assert "".join(pieces) == TEXT
+    assert pieces[0] == pieces[-1] == ""
+    assert pieces[8:11] == ["", "", "東"]  # "naïve " is 7 bytes, after BOS
+
+
+def test_invalid_utf8_gives_replacement_characters_and_never_raises() -> None:
+    ids = [0x61, 0xFF, 0xE6, 0x9D, 0x62, 0xE6]  # a, a bad byte, a truncated kanji, b, a dangling lead byte
+    detok = IncrementalDetokenizer()
+    text = "".join(detok.push(t) for t in ids) + detok.flush()
+    assert text == decode(ids) == "a\ufffd\ufffdb\ufffd"
+
+
+@given(st.lists(st.integers(min_value=0, max_value=259), max_size=60))
+def test_incremental_output_always_equals_decode(ids: list[int]) -> None:
+    detok = IncrementalDetokenizer()
+    assert "".join(detok.push(t) for t in ids) + detok.flush() == decode(ids)
+
+
+def test_synth_prompt_has_exact_length_and_is_deterministic() -> None:
+    for length in (0, 1, 2, 7, 128, 1000):
+        ids = synth_prompt(length, seed=5)
+        assert len(ids) == length
+        assert ids == synth_prompt(length, seed=5)
+        assert all(t == 0x20 or 0x61 <= t <= 0x7A for t in ids)
+    assert synth_prompt(200, seed=5) != synth_prompt(200, seed=6)
+    assert synth_prompt(200, seed=5)[:50] == synth_prompt(50, seed=5)
+    words = decode(synth_prompt(500, seed=1)).split(" ")
+    assert len(words) > 40 and all(words[:-1])  # words separated by single spaces

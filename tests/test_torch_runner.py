@@ -1,0 +1,238 @@
+"""The torch runner against a dense reference, plus sampling determinism and KV swapping."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from itertrace.profiler.batch import Batch, SamplingParams, SeqWork, SwapPlan
+from itertrace.profiler.model import ModelConfig
+from itertrace.profiler.sampling import Sampler, filter_logits
+from itertrace.profiler.torch_runner import TorchRunner
+
+BLOCK = 4
+SMALL = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=4, intermediate_size=96)
+SMALL_GQA = ModelConfig(hidden_size=64, num_layers=2, num_heads=8, num_kv_heads=2, intermediate_size=96)
+GREEDY = SamplingParams()
+
+
+def dense_logits(runner: TorchRunner, token_ids: list[int]) -> torch.Tensor:
+    """Logits at every position from a plain full-sequence causal forward in float64, no cache."""
+    c = runner.config
+    w = {name: p.detach().double().cpu() for name, p in runner.model.named_parameters()}
+    n, hd, group = len(token_ids), c.head_dim, c.num_heads // c.num_kv_heads
+
+    def rms(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return weight * x / torch.sqrt((x * x).mean(-1, keepdim=True) + c.rms_norm_eps)
+
+    def rope(x: torch.Tensor) -> torch.Tensor:  # x: [n, heads, hd]; pairs (i, i + hd/2) rotate by pos * theta^(-2i/hd)
+        half = hd // 2
+        angle = torch.arange(n, dtype=torch.float64)[:, None] * c.rope_theta ** (-torch.arange(half) * 2.0 / hd)
+        cos, sin = angle.cos()[:, None, :], angle.sin()[:, None, :]
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+    x = w["embed_tokens.weight"][torch.tensor(token_ids)]  # [n, H]
+    future = torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)
+    for i in range(c.num_layers):
+        p = f"layers.{i}."
+        h = rms(x, w[p + "input_layernorm.weight"])
+        q = rope((h @ w[p + "self_attn.q_proj.weight"].T).view(n, c.num_heads, hd))
+        k = rope((h @ w[p + "self_attn.k_proj.weight"].T).view(n, c.num_kv_heads, hd))
+        v = (h @ w[p + "self_attn.v_proj.weight"].T).view(n, c.num_kv_heads, hd)
+        heads = []
+        for head in range(c.num_heads):
+            scores = q[:, head] @ k[:, head // group].T / math.sqrt(hd)  # [n, n]
+            heads.append(scores.masked_fill(future, -math.inf).softmax(-1) @ v[:, head // group])
+        x = x + torch.cat(heads, dim=-1) @ w[p + "self_attn.o_proj.weight"].T
+        h = rms(x, w[p + "post_attention_layernorm.weight"])
+        gate, up = h @ w[p + "mlp.gate_proj.weight"].T, h @ w[p + "mlp.up_proj.weight"].T
+        x = x + (gate * torch.sigmoid(gate) * up) @ w[p + "mlp.down_proj.weight"].T
+    head_weight = w["embed_tokens.weight"] if c.tie_word_embeddings else w["lm_head.weight"]
+    return rms(x, w["norm.weight"]) @ head_weight.T  # [n, vocab]
+
+
+def work(rid: int, tokens: list[int], start: int, table: list[int], sample: bool = True,
+         params: SamplingParams = GREEDY, generated: int = 0) -> SeqWork:
+    return SeqWork(rid, tuple(tokens), start, tuple(table), sample, params, generated)
+
+
+def step(runner: TorchRunner, iteration: int, seqs: list[SeqWork]) -> torch.Tensor:
+    return runner.forward(runner.prepare(Batch(iteration, tuple(seqs), BLOCK)))
+
+
+@pytest.mark.parametrize("config", [SMALL, SMALL_GQA, ModelConfig(tie_word_embeddings=True)],
+                         ids=["mha", "gqa", "default-size-tied"])
+def test_chunked_prefill_and_decode_in_shuffled_blocks_match_dense_reference(config: ModelConfig) -> None:
+    runner = TorchRunner(config, num_blocks=40, block_size=BLOCK, seed=3)
+    rng = random.Random(0)
+    blocks = list(range(40))
+    rng.shuffle(blocks)
+    a_table, b_table = blocks[:8], blocks[8:13]  # non-contiguous, in no particular order
+    a = [rng.randrange(256) for _ in range(28)]  # prompt 23 in three chunks, then 5 decodes
+    b = [rng.randrange(256) for _ in range(18)]  # prompt 11 in one chunk, then 7 decodes
+    got_a, got_b = {}, {}  # position -> logits row
+
+    # A's first chunk samples nothing, so the only row is B's; later iterations mix orders.
+    logits = step(runner, 0, [work(1, a[0:7], 0, a_table, sample=False), work(2, b[0:11], 0, b_table)])
+    assert logits.shape == (1, config.vocab_size)
+    got_b[10] = logits[0]
+    logits = step(runner, 1, [work(2, b[11:12], 11, b_table), work(1, a[7:16], 7, a_table)])
+    got_b[11], got_a[15] = logits
+    logits = step(runner, 2, [work(1, a[16:23], 16, a_table), work(2, b[12:13], 12, b_table)])
+    got_a[22], got_b[12] = logits
+    for it, pos in enumerate(range(23, 28), start=3):
+        got_a[pos], got_b[pos - 10] = step(runner, it, [work(1, a[pos:pos + 1], pos, a_table),
+                                                         work(2, b[pos - 10:pos - 9], pos - 10, b_table)])
+
+    for tokens, got in ((a, got_a), (b, got_b)):
+        want = dense_logits(runner, tokens)
+        for pos, row in got.items():
+            torch.testing.assert_close(row.double(), want[pos], rtol=1e-4, atol=1e-5)
+    assert got_a[27].abs().max() > 1e-3  # the comparison is not between two near-zero vectors
+
+
+def test_decode_batch_pads_block_tables_of_different_lengths() -> None:
+    runner = TorchRunner(SMALL_GQA, num_blocks=32, block_size=BLOCK, seed=1)
+    seqs = {1: ([5, 9, 2], list(range(3, 12))), 2: ([20, 30, 10, 0, 7, 6], list(range(40, 61))), 3: ([31], [99])}
+    for rid, (table, tokens) in seqs.items():
+        if len(tokens) > 1:
+            step(runner, 0, [work(rid, tokens[:-1], 0, table, sample=False)])
+    rows = step(runner, 1, [work(rid, tokens[-1:], len(tokens) - 1, table) for rid, (table, tokens) in seqs.items()])
+    for row, (_, tokens) in zip(rows, seqs.values()):
+        torch.testing.assert_close(row.double(), dense_logits(runner, tokens)[-1], rtol=1e-4, atol=1e-5)
+
+
+Prompts = dict[int, tuple[list[int], SamplingParams]]
+
+
+def generate(runner: TorchRunner, prompts: Prompts, steps: int) -> dict[int, list[int]]:
+    """A minimal engine loop: every request prefills in iteration 0, then all decode together."""
+    tables = {rid: list(range(8 * i, 8 * i + 8)) for i, rid in enumerate(prompts)}
+    out: dict[int, list[int]] = {rid: [] for rid in prompts}
+    seqs = [work(rid, prompt, 0, tables[rid], params=p) for rid, (prompt, p) in prompts.items()]
+    for it in range(steps):
+        batch = Batch(it, tuple(seqs), BLOCK)
+        tokens = runner.sample(batch, runner.forward(runner.prepare(batch)))
+        for rid, token in tokens.items():
+            out[rid].append(token)
+        seqs = [work(s.request_id, [tokens[s.request_id]], s.context_len, tables[s.request_id], params=s.sampling,
+                     generated=len(out[s.request_id])) for s in seqs]
+    return out
+
+
+HOT = SamplingParams(temperature=1.5, seed=7)
+PROMPTS = {
+    10: ([1, 2, 3, 4, 5, 6], GREEDY),
+    11: ([9, 8, 7], HOT),
+    12: ([100, 101, 102, 103, 104, 105, 106, 107, 108], SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=3)),
+}
+
+
+def test_same_seed_gives_same_tokens_across_fresh_runners() -> None:
+    first = generate(TorchRunner(SMALL, num_blocks=32, block_size=BLOCK, seed=5), PROMPTS, 12)
+    second = generate(TorchRunner(SMALL, num_blocks=32, block_size=BLOCK, seed=5), PROMPTS, 12)
+    assert first == second
+    other_weights = generate(TorchRunner(SMALL, num_blocks=32, block_size=BLOCK, seed=6), PROMPTS, 12)
+    assert other_weights != first
+
+
+def test_sampled_request_is_independent_of_its_batch_mates() -> None:
+    runner = TorchRunner(SMALL, num_blocks=32, block_size=BLOCK, seed=5)
+    batched = generate(runner, PROMPTS, 12)
+    for rid in (11, 12):
+        runner.release(rid)
+    alone = generate(runner, {11: PROMPTS[11]}, 12)
+    assert alone[11] == batched[11]
+    greedy_same_prompt = generate(runner, {13: (PROMPTS[11][0], GREEDY)}, 12)
+    assert greedy_same_prompt[13] != batched[11]  # temperature 1.5 really samples
+
+
+def test_generator_survives_across_iterations_until_release() -> None:
+    sampler = Sampler()
+    logits = torch.zeros(1, 50)
+    draws = [sampler.sample([4], [HOT], logits)[0] for _ in range(20)]
+    assert len(set(draws)) > 5  # the generator advances; it is not re-seeded each iteration
+    sampler.release(4)
+    assert len(sampler) == 0
+    assert [sampler.sample([4], [HOT], logits)[0] for _ in range(20)] == draws
+
+
+def test_top_k_one_and_tiny_top_p_equal_greedy() -> None:
+    logits = torch.randn(64, 260, generator=torch.Generator().manual_seed(0))
+    greedy = logits.argmax(-1).tolist()
+    sampler = Sampler()
+    ids = list(range(64))
+    assert sampler.sample(ids, [SamplingParams(temperature=2.0, top_k=1, seed=i) for i in ids], logits) == greedy
+    assert sampler.sample(ids, [SamplingParams(temperature=2.0, top_p=1e-6, seed=i) for i in ids], logits) == greedy
+    assert sampler.sample(ids, [GREEDY] * 64, logits) == greedy
+
+
+def test_filters_keep_exactly_the_top_k_and_the_nucleus() -> None:
+    logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
+    kept = lambda p: (filter_logits(logits, p) > -math.inf).tolist()  # noqa: E731
+    assert kept(SamplingParams(temperature=1.0, top_k=2)) == [True, True, False, False]
+    assert kept(SamplingParams(temperature=1.0, top_p=0.7)) == [True, True, False, False]
+    assert kept(SamplingParams(temperature=1.0, top_p=0.85)) == [True, True, True, False]
+    assert kept(SamplingParams(temperature=1.0, top_p=0.4)) == [True, False, False, False]
+    assert kept(SamplingParams(temperature=1.0)) == [True] * 4
+    torch.testing.assert_close(filter_logits(logits, SamplingParams(temperature=2.0)), logits / 2)
+
+
+def test_temperature_draws_follow_the_softened_distribution() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    params = SamplingParams(temperature=2.0, seed=11)
+    sampler = Sampler()
+    draws = [sampler.sample([0], [params], logits)[0] for _ in range(4000)]
+    freq = torch.bincount(torch.tensor(draws), minlength=4).double() / len(draws)
+    torch.testing.assert_close(freq, (logits[0].double() / 2).softmax(-1), atol=0.03, rtol=0)
+    again = Sampler()
+    assert [again.sample([0], [params], logits)[0] for _ in range(4000)] == draws
+
+
+def test_swapped_out_and_back_into_other_blocks_decodes_identically() -> None:
+    tokens = [random.Random(2).randrange(256) for _ in range(30)]
+
+    def run(swap: bool) -> list[torch.Tensor]:
+        runner = TorchRunner(SMALL_GQA, num_blocks=24, block_size=BLOCK, swap_blocks=8, seed=4)
+        table = [3, 17, 8, 1, 12, 5, 20, 9]
+        step(runner, 0, [work(1, tokens[:13], 0, table[:4])])
+        rows = []
+        for pos in range(13, 30):
+            if swap and pos == 20:  # preempt by swapping, trash the blocks, resume elsewhere
+                used = table[:5]
+                runner.swap(SwapPlan(swap_out=[(b, s) for b, s in zip(used, [6, 0, 7, 2, 4])]))
+                runner.kv_cache[:, :, used] = torch.randn_like(runner.kv_cache[:, :, used])
+                table = [22, 0, 14, 6, 2, 19, 11, 23]
+                runner.swap(SwapPlan(swap_in=[(s, b) for s, b in zip([6, 0, 7, 2, 4], table[:5])]))
+            rows.append(step(runner, pos, [work(1, tokens[pos:pos + 1], pos, table)])[0])
+        return rows
+
+    for plain, swapped in zip(run(False), run(True)):
+        assert torch.equal(plain, swapped)
+
+
+def test_swap_plan_reads_every_source_before_writing() -> None:
+    runner = TorchRunner(SMALL, num_blocks=4, block_size=BLOCK, swap_blocks=2)
+    runner.kv_cache[:, :, 1] = 1.0
+    runner.swap_pool[:, :, 0] = 2.0
+    runner.swap(SwapPlan(swap_out=[(1, 0)], swap_in=[(0, 1)]))  # exchange block 1 and slot 0
+    assert bool((runner.kv_cache[:, :, 1] == 2.0).all()) and bool((runner.swap_pool[:, :, 0] == 1.0).all())
+    with pytest.raises(ValueError, match="swap pair"):
+        runner.swap(SwapPlan(swap_out=[(1, 2)]))
+
+
+def test_rejects_a_block_table_too_short_for_the_context() -> None:
+    runner = TorchRunner(SMALL, num_blocks=8, block_size=BLOCK)
+    with pytest.raises(ValueError, match="cannot hold"):
+        runner.prepare(Batch(0, (work(1, list(range(9)), 0, [0, 1]),), BLOCK))
+
+
+def test_runner_attributes() -> None:
+    runner = TorchRunner(SMALL, num_blocks=8, block_size=BLOCK)
+    assert (runner.name, runner.simulated, runner.vocab_size) == ("torch", False, 260)
+    assert runner.device == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert runner.layer_caches[0][0].shape == (8, BLOCK, SMALL.num_kv_heads, SMALL.head_dim)
+    assert runner.forward(runner.prepare(Batch(0, (), BLOCK))).shape == (0, 260)
