@@ -123,8 +123,7 @@ class Engine:
                 self._detokenize(tokens)
             t_detok = clock.now_ns()
             with tracer.phase(PhaseName.POSTPROCESS):
-                for req in sched.postprocess(decision, tokens, iteration):
-                    tracer.mark(FINISH, req.request_id)
+                sched.postprocess(decision, tokens, iteration)
             end = clock.now_ns()
             tracer.pop()
 
@@ -160,7 +159,8 @@ class Engine:
             self._text[rid].append(detok.push(token))
 
     def _end(self, request_id: int) -> None:
-        """A request reached a terminal state: drop its sampler state, finish its text."""
+        """A request reached a terminal state (finished, canceled, rejected): mark it, drop its sampler state."""
+        self.tracer.mark(FINISH, request_id)
         self.runner.release(request_id)
         detok = self._detok.pop(request_id, None)
         if detok is not None:
