@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import NamedTuple, Protocol
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -40,15 +43,76 @@ class SeqWork(NamedTuple):
 
 @dataclass(frozen=True)
 class Batch:
-    """Everything a runner needs for one forward pass, in scheduling order."""
+    """Everything a runner needs for one forward pass, as arrays in scheduling order.
+
+    Arrays rather than per-sequence objects, so that a steady decode iteration costs the scheduler
+    and the runner a few vector operations instead of Python work per sequence. `seqs` gives the
+    same content as SeqWork tuples, for simple runners and tests.
+    """
 
     iteration: int
-    seqs: tuple[SeqWork, ...]
     block_size: int
+    request_ids: np.ndarray  # [S] int64
+    start_pos: np.ndarray  # [S] int64: position of each sequence's first token this iteration
+    num_tokens: np.ndarray  # [S] int64: tokens each sequence runs this iteration (1 for a decode)
+    token_ids: np.ndarray  # [T] int64: every sequence's tokens, one sequence after the other
+    sample: np.ndarray  # [S] bool: the chunk reaches the sequence's end, so a token is sampled
+    block_tables: np.ndarray  # [S, max_blocks] int64, padded with -1; covers [0, start_pos + num_tokens)
+    num_generated: np.ndarray  # [S] int64: output tokens each request already has
+    sampling: tuple[SamplingParams, ...]  # [S]
 
     @property
-    def num_tokens(self) -> int:
-        return sum(len(s.token_ids) for s in self.seqs)
+    def num_seqs(self) -> int:
+        return len(self.request_ids)
+
+    @property
+    def num_tokens_total(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def context_lens(self) -> np.ndarray:
+        """[S] tokens whose KV the attention reads after this iteration."""
+        return self.start_pos + self.num_tokens
+
+    @cached_property
+    def seqs(self) -> tuple[SeqWork, ...]:
+        ends = np.cumsum(self.num_tokens)
+        out = []
+        for i in range(self.num_seqs):
+            n_blocks = -(-int(self.start_pos[i] + self.num_tokens[i]) // self.block_size)
+            table = self.block_tables[i]
+            held = int((table >= 0).sum())
+            out.append(SeqWork(
+                request_id=int(self.request_ids[i]),
+                token_ids=tuple(int(t) for t in self.token_ids[ends[i] - self.num_tokens[i]: ends[i]]),
+                start_pos=int(self.start_pos[i]),
+                block_table=tuple(int(b) for b in table[:max(held, n_blocks)]),
+                sample=bool(self.sample[i]),
+                sampling=self.sampling[i],
+                num_generated=int(self.num_generated[i]),
+            ))
+        return tuple(out)
+
+    @classmethod
+    def from_seqs(cls, iteration: int, seqs: tuple[SeqWork, ...] | list[SeqWork], block_size: int) -> Batch:
+        """Build a batch from per-sequence work (tests, simple callers)."""
+        width = max((len(s.block_table) for s in seqs), default=0)
+        tables = np.full((len(seqs), width), -1, dtype=np.int64)
+        for i, s in enumerate(seqs):
+            tables[i, : len(s.block_table)] = s.block_table
+        ints = lambda values: np.fromiter(values, dtype=np.int64, count=len(seqs))  # noqa: E731
+        return cls(
+            iteration=iteration,
+            block_size=block_size,
+            request_ids=ints(s.request_id for s in seqs),
+            start_pos=ints(s.start_pos for s in seqs),
+            num_tokens=ints(len(s.token_ids) for s in seqs),
+            token_ids=np.fromiter((t for s in seqs for t in s.token_ids), dtype=np.int64),
+            sample=np.fromiter((s.sample for s in seqs), dtype=bool, count=len(seqs)),
+            block_tables=tables,
+            num_generated=ints(s.num_generated for s in seqs),
+            sampling=tuple(s.sampling for s in seqs),
+        )
 
 
 @dataclass

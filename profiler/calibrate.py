@@ -35,8 +35,7 @@ def calibrate(spec: RunSpec, n: int = 96, warmup: int = 5) -> tuple[CostModel, d
     rows: list[tuple[int, int, int]] = []
 
     def observe(d: Decision, start_ns: int, end_ns: int) -> None:
-        context = sum(s.start_pos + len(s.token_ids) for s in d.batch.seqs)
-        rows.append((d.batch.num_tokens, context, end_ns - start_ns))
+        rows.append((d.batch.num_tokens_total, int(d.batch.context_lens.sum()), end_ns - start_ns))
 
     sched = replace(spec.scheduler, max_num_seqs=max(spec.scheduler.max_num_seqs, 16),
                     max_num_batched_tokens=min(spec.scheduler.max_num_batched_tokens, 512))

@@ -15,7 +15,10 @@ import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from itertrace.profiler.batch import Batch, SeqWork, SwapPlan
+import numpy as np
+
+from itertrace.profiler.batch import Batch, SwapPlan
+from itertrace.profiler.batch_builder import SteadyDecode, build_batch
 from itertrace.profiler.kv import BlockManager
 from itertrace.profiler.policies import Policy, WaitQueue, sort_key
 from itertrace.profiler.request import Phase, PreemptKind, Reason, Request
@@ -128,6 +131,7 @@ class Scheduler:
         self._reserved: dict[int, int] = {}  # preemption mode "reject": blocks promised per request
         self._swap = SwapPlan()
         self._counts = _zero_counts()  # since the last decision
+        self._steady: SteadyDecode | None = None  # the all-decode batch to repeat, while nothing changes
 
     # ---- requests coming and going -------------------------------------------------------------
     def add(self, req: Request, iteration: int) -> None:
@@ -145,6 +149,7 @@ class Scheduler:
 
     def cancel(self, request_id: int, iteration: int) -> bool:
         """Cancel a live request at an iteration boundary; its blocks are freed at once."""
+        self._steady = None
         req = next((r for r in self.running if r.request_id == request_id), None)
         queued = req is None
         if queued:
@@ -173,6 +178,11 @@ class Scheduler:
         cfg = self.config
         self.blocks.reset_counters()
         self._swap = SwapPlan()
+        if self._steady is not None:
+            decision = self._steady_decision(iteration)
+            if decision is not None:
+                return decision
+            self._steady = None
         prefill_room = self._prefill_room()
         budget = _Budget(cfg.max_num_batched_tokens, prefill_room, cfg.max_num_seqs)
         live = sorted((r for r in self.running if not r.phase.terminal), key=self._key)
@@ -341,6 +351,7 @@ class Scheduler:
     def postprocess(self, decision: Decision, tokens: dict[int, int], iteration: int) -> list[Request]:
         """Commit the iteration: cached tokens, sampled tokens, stops. Returns requests that finished."""
         finished = []
+        changed = False  # a phase change or finish ends any steady decode batch
         for req, n in decision.work:
             req.num_computed += n
             if req.num_computed < req.num_tokens:
@@ -356,9 +367,25 @@ class Scheduler:
                 self._finish(req, Phase.FINISHED_LENGTH, Reason.MAX_TOKENS, iteration)
             elif req.phase is Phase.PREFILL:
                 req.move(Phase.DECODE, Reason.PROMPT_DONE, iteration)
+                changed = True
             if req.phase.terminal:
                 finished.append(req)
+                changed = True
+        self._track_steady(decision, tokens, changed)
         return finished
+
+    def _track_steady(self, decision: Decision, tokens: dict[int, int], changed: bool) -> None:
+        """Keep (or start) the steady-decode batch when this iteration was all decode and changed nothing."""
+        cfg = self.config
+        steady_now = (not changed and cfg.mode is Mode.CONTINUOUS and not decision.preempted
+                      and decision.prefill_tokens == 0 and decision.decode_tokens == len(self.running) > 0)
+        if not steady_now:
+            self._steady = None
+            return
+        if self._steady is None or decision.work is not self._steady.work:
+            self._steady = SteadyDecode(decision.batch, decision.work, decision.member_ids)
+        ids = self._steady.request_ids.tolist()
+        self._steady.advance(np.fromiter((tokens[i] for i in ids), dtype=np.int64, count=len(ids)))
 
     def _finish(self, req: Request, phase: Phase, reason: Reason, iteration: int) -> None:
         req.move(phase, reason, iteration)
@@ -388,23 +415,11 @@ class Scheduler:
         members = [r.request_id for r in self.running]
         finished = [r.request_id for r in self.running if r.phase.terminal]
         stalled = [r.request_id for r in self.running if not r.phase.terminal and r.request_id not in scheduled]
-        seqs = tuple(
-            SeqWork(
-                request_id=r.request_id,
-                token_ids=r.token_slice(r.num_computed, n),
-                start_pos=r.num_computed,
-                block_table=tuple(r.block_ids),
-                sample=r.num_computed + n == r.num_tokens,
-                sampling=r.sampling,
-                num_generated=len(r.output_ids),
-            )
-            for r, n in work
-        )
         decode = sum(n for r, n in work if r.phase is Phase.DECODE)
-        decision = Decision(
+        return self._emit(Decision(
             iteration=iteration,
             work=work,
-            batch=Batch(iteration, seqs, self.blocks.block_size),
+            batch=build_batch(iteration, work, self.blocks.block_size),
             swap=self._swap,
             member_ids=members,
             finished_member_ids=finished,
@@ -412,7 +427,27 @@ class Scheduler:
             limit=budget.limit,
             prefill_tokens=sum(n for _, n in work) - decode,
             decode_tokens=decode,
-            **self._counts,
-        )
+        ))
+
+    def _steady_decision(self, iteration: int) -> Decision | None:
+        """Repeat the last all-decode batch if nothing could change it; None sends us the general way."""
+        steady, cfg = self._steady, self.config
+        queue_open = bool(self.waiting) and len(self.running) < cfg.max_num_seqs
+        if queue_open or len(steady.reqs) > cfg.max_num_batched_tokens:
+            return None
+        batch = steady.next_batch(iteration, self.blocks)
+        if batch is None:
+            return None
+        return self._emit(Decision(
+            iteration=iteration, work=steady.work, batch=batch, swap=self._swap, member_ids=steady.member_ids,
+            finished_member_ids=[], stalled_member_ids=[],
+            limit=Limit.SEQ_BUDGET if self.waiting else Limit.QUEUE_EMPTY,
+            prefill_tokens=0, decode_tokens=len(steady.reqs),
+        ))
+
+    def _emit(self, decision: Decision) -> Decision:
+        """Attach the counts gathered since the last decision, and reset them."""
+        for name, value in self._counts.items():
+            setattr(decision, name, value)
         self._counts = _zero_counts()
         return decision

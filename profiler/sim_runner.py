@@ -18,8 +18,8 @@ class CostModel:
     source: str = "default"  # "default", or where calibrated coefficients came from
 
     def forward_ns(self, batch: Batch) -> int:
-        tokens = sum(len(s.token_ids) for s in batch.seqs)
-        context = sum(s.start_pos + len(s.token_ids) for s in batch.seqs)
+        tokens = len(batch.token_ids)
+        context = int(batch.start_pos.sum()) + tokens
         return int(self.fixed_ns + self.per_token_ns * tokens + self.per_context_token_ns * context)
 
 
@@ -41,7 +41,9 @@ class SimulatedRunner:
 
     def sample(self, batch: Batch, logits: None) -> dict[int, int]:
         # printable ASCII, varying with request and step, so detokenized text is readable
-        return {s.request_id: 32 + (s.request_id * 7 + s.num_generated) % 95 for s in batch.seqs if s.sample}
+        ids = batch.request_ids[batch.sample]
+        tokens = 32 + (ids * 7 + batch.num_generated[batch.sample]) % 95
+        return dict(zip(ids.tolist(), tokens.tolist()))
 
     def swap(self, plan: SwapPlan) -> None:
         self.clock.advance(self.cost.per_swap_block_ns * (len(plan.swap_out) + len(plan.swap_in)))

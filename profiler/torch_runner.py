@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from itertrace.profiler.batch import Batch, SeqWork, SwapPlan
+from itertrace.profiler.batch import Batch, SwapPlan
 from itertrace.profiler.checkpoint import load_checkpoint
 from itertrace.profiler.model import AttentionMetadata, ModelConfig, random_model
 from itertrace.profiler.sampling import Sampler
@@ -71,58 +71,77 @@ class TorchRunner:
         return self.config.vocab_size
 
     def prepare(self, batch: Batch) -> PreparedBatch:
-        """Flatten the batch's tokens and describe where each sequence's KV lives."""
-        if batch.block_size != self.block_size:
-            raise ValueError(f"batch block_size {batch.block_size} != runner block_size {self.block_size}")
-        input_ids, positions, slots = [], [], []
-        prefill_ranges, prefill_tables, prefill_lens, prefill_masks = [], [], [], []
-        decode_rows, decode_tables, decode_lens = [], [], []
-        sample_rows = []
-        row = 0
-        for seq in batch.seqs:
-            table = self._check(seq)
-            n, context_len = len(seq.token_ids), seq.context_len
-            pos = np.arange(seq.start_pos, context_len)  # [n]
-            input_ids.append(np.asarray(seq.token_ids))
-            positions.append(pos)
-            slots.append(table[pos // self.block_size] * self.block_size + pos % self.block_size)
-            used_table = table[: -(-context_len // self.block_size)]  # blocks holding [0, context_len)
-            if n == 1:
-                decode_rows.append(row)
-                decode_tables.append(used_table)
-                decode_lens.append(context_len)
-            else:
-                prefill_ranges.append((row, row + n))
-                prefill_tables.append(self._tensor(used_table))
-                prefill_lens.append(context_len)
-                # query i (position start_pos + i) may see keys at positions 0 .. start_pos + i
-                prefill_masks.append(self._tensor(np.arange(context_len)[None, :] <= pos[:, None]))  # [n, ctx]
-            row += n
-            if seq.sample:
-                sample_rows.append(row - 1)
+        """Positions, slot mapping and attention metadata for the batch, as vector operations.
 
-        max_blocks = max((len(t) for t in decode_tables), default=0)
-        padded_tables = np.zeros((len(decode_tables), max_blocks), dtype=np.int64)  # [D, max_blocks]
-        for i, t in enumerate(decode_tables):
-            padded_tables[i, : len(t)] = t
-        key_in_context = np.arange(max_blocks * self.block_size)[None, :] < np.asarray(decode_lens)[:, None]
+        Decodes (one token) share one padded attention call; longer chunks are attended one at a time.
+        """
+        self._check(batch)
+        bs = self.block_size
+        counts = batch.num_tokens  # [S]
+        if batch.num_tokens_total == batch.num_seqs:  # all decodes: one row per sequence
+            return self._prepare_decodes(batch)
+        ends = np.cumsum(counts)  # [S] end row of each sequence in the flat batch
+        starts = ends - counts
+        seq_of_row = np.repeat(np.arange(batch.num_seqs), counts)  # [T]
+        positions = batch.start_pos[seq_of_row] + (np.arange(len(seq_of_row)) - starts[seq_of_row])  # [T]
+        blocks = batch.block_tables[seq_of_row, positions // bs]  # [T]
+        slots = blocks * bs + positions % bs  # [T]
+        context = batch.start_pos + counts  # [S]
+
+        is_decode = counts == 1
+        decode = np.flatnonzero(is_decode)
+        width = int(-(-context[decode].max() // bs)) if len(decode) else 0
+        tables = np.maximum(batch.block_tables[decode, :width], 0)  # [D, width]: padding reads block 0, masked
+        key_in_context = np.arange(width * bs)[None, :] < context[decode][:, None]  # [D, width * bs]
+        prefill_ranges, prefill_tables, prefill_lens, prefill_masks = [], [], [], []
+        for i in np.flatnonzero(~is_decode).tolist():
+            ctx, first = int(context[i]), int(starts[i])
+            pos = positions[first: int(ends[i])]
+            prefill_ranges.append((first, int(ends[i])))
+            prefill_tables.append(self._tensor(batch.block_tables[i, : -(-ctx // bs)]))
+            prefill_lens.append(ctx)
+            # query at position p may see keys at positions 0 .. p
+            prefill_masks.append(self._tensor(np.arange(ctx)[None, :] <= pos[:, None]))  # [n, ctx]
         meta = AttentionMetadata(
-            slot_mapping=self._tensor(np.concatenate(slots) if slots else np.zeros(0, np.int64)),
-            block_size=self.block_size,
+            slot_mapping=self._tensor(slots),
+            block_size=bs,
             prefill_query_ranges=prefill_ranges,
             prefill_block_tables=prefill_tables,
             prefill_context_lens=prefill_lens,
             prefill_masks=prefill_masks,
-            decode_rows=self._tensor(np.asarray(decode_rows, dtype=np.int64)),
-            decode_block_tables=self._tensor(padded_tables),
-            decode_mask=self._tensor(key_in_context[:, None, None, :]),  # [D, 1, 1, max_blocks * block_size]
+            decode_rows=self._tensor(ends[decode] - 1),
+            decode_block_tables=self._tensor(tables),
+            decode_mask=self._tensor(key_in_context[:, None, None, :]),  # [D, 1, 1, width * bs]
         )
         return PreparedBatch(
-            input_ids=self._tensor(np.concatenate(input_ids) if input_ids else np.zeros(0, np.int64)),
-            positions=self._tensor(np.concatenate(positions) if positions else np.zeros(0, np.int64)),
+            input_ids=self._tensor(batch.token_ids),
+            positions=self._tensor(positions),
             meta=meta,
-            sample_rows=self._tensor(np.asarray(sample_rows, dtype=np.int64)),
+            sample_rows=self._tensor(ends[batch.sample] - 1),
         )
+
+    def _prepare_decodes(self, batch: Batch) -> PreparedBatch:
+        """The steady-state case: every sequence runs one token, so rows are sequences.
+
+        Built in numpy and handed over with torch.from_numpy: on the CPU each small torch op costs
+        several microseconds, a numpy op about one.
+        """
+        bs, pos = self.block_size, batch.start_pos  # [S]
+        rows = np.arange(batch.num_seqs)
+        context = pos + 1
+        width = int(-(-context.max() // bs)) if len(rows) else 0
+        tables = batch.block_tables[:, :width]  # [S, width]
+        slots = tables[rows, pos // bs] * bs + pos % bs  # [S]
+        key_in_context = np.arange(width * bs)[None, :] < context[:, None]  # [S, width * bs]
+        meta = AttentionMetadata(
+            slot_mapping=self._tensor(slots), block_size=bs,
+            prefill_query_ranges=[], prefill_block_tables=[], prefill_context_lens=[], prefill_masks=[],
+            decode_rows=self._tensor(rows),
+            decode_block_tables=self._tensor(np.maximum(tables, 0)),  # padding reads block 0, masked out
+            decode_mask=self._tensor(key_in_context[:, None, None, :]),
+        )
+        return PreparedBatch(input_ids=self._tensor(batch.token_ids), positions=self._tensor(pos), meta=meta,
+                             sample_rows=self._tensor(rows[batch.sample]))
 
     def forward(self, prepared: PreparedBatch) -> Tensor:
         """Run the model, writing this iteration's KV; logits [S, vocab] for the sampling sequences."""
@@ -138,11 +157,11 @@ class TorchRunner:
 
     def sample(self, batch: Batch, logits: Tensor) -> dict[int, int]:
         """One token per sequence with sample=True, keyed by request id."""
-        seqs = [seq for seq in batch.seqs if seq.sample]
-        if logits.shape[0] != len(seqs):
-            raise ValueError(f"{logits.shape[0]} rows of logits for {len(seqs)} sampling sequences")
-        request_ids = [seq.request_id for seq in seqs]
-        tokens = self.sampler.sample(request_ids, [seq.sampling for seq in seqs], logits)
+        rows = np.flatnonzero(batch.sample)
+        if logits.shape[0] != len(rows):
+            raise ValueError(f"{logits.shape[0]} rows of logits for {len(rows)} sampling sequences")
+        request_ids = batch.request_ids[rows].tolist()
+        tokens = self.sampler.sample(request_ids, [batch.sampling[i] for i in rows.tolist()], logits)
         return dict(zip(request_ids, tokens))
 
     def swap(self, plan: SwapPlan) -> None:
@@ -161,21 +180,30 @@ class TorchRunner:
         """Drop a finished request's sampler state."""
         self.sampler.release(request_id)
 
-    def _check(self, seq: SeqWork) -> np.ndarray:
-        """The sequence's block table as an array, after checking it covers the sequence's context."""
-        table = np.asarray(seq.block_table, dtype=np.int64)
-        if not seq.token_ids:
-            raise ValueError(f"request {seq.request_id}: no tokens to run")
-        if min(seq.token_ids) < 0 or max(seq.token_ids) >= self.vocab_size:
-            raise ValueError(f"request {seq.request_id}: token id outside [0, {self.vocab_size})")
-        if seq.context_len > self.config.max_position:
-            raise ValueError(f"request {seq.request_id}: context {seq.context_len} > max_position "
+    def _check(self, batch: Batch) -> None:
+        """Refuse a batch the cache cannot serve: wrong block size, short tables, ids out of range."""
+        if batch.block_size != self.block_size:
+            raise ValueError(f"batch block_size {batch.block_size} != runner block_size {self.block_size}")
+        if not batch.num_seqs:
+            return
+        if batch.num_tokens.min() < 1:
+            raise ValueError(f"request {int(batch.request_ids[batch.num_tokens.argmin()])}: no tokens to run")
+        if batch.token_ids.min() < 0 or batch.token_ids.max() >= self.vocab_size:
+            raise ValueError(f"batch {batch.iteration}: token id outside [0, {self.vocab_size})")
+        context = batch.context_lens
+        if context.max() > self.config.max_position:
+            i = int(context.argmax())
+            raise ValueError(f"request {int(batch.request_ids[i])}: context {int(context[i])} > max_position "
                              f"{self.config.max_position}")
-        if len(table) * self.block_size < seq.context_len:
-            raise ValueError(f"request {seq.request_id}: {len(table)} blocks cannot hold {seq.context_len} tokens")
-        if len(table) and (table.min() < 0 or table.max() >= self.num_blocks):
-            raise ValueError(f"request {seq.request_id}: block id outside [0, {self.num_blocks})")
-        return table
+        needed = -(-context // self.block_size)  # [S] blocks that must be in each table
+        held = (batch.block_tables >= 0).sum(axis=1) if batch.block_tables.size else np.zeros_like(needed)
+        short = np.flatnonzero(held < needed)
+        if len(short):
+            i = int(short[0])
+            raise ValueError(f"request {int(batch.request_ids[i])}: {int(held[i])} blocks cannot hold "
+                             f"{int(context[i])} tokens")
+        if batch.block_tables.size and batch.block_tables.max() >= self.num_blocks:
+            raise ValueError(f"batch {batch.iteration}: block id outside [0, {self.num_blocks})")
 
     def _pairs(self, pairs: list[tuple[int, int]], src_limit: int, dst_limit: int) -> tuple[list[int], list[int]]:
         """Split (source, destination) index pairs into two lists, checking each against its limit."""

@@ -49,7 +49,7 @@ def test_config_rejects_impossible_shapes() -> None:
 def logits_of(runner: TorchRunner) -> torch.Tensor:
     prompt = tuple(range(40, 70))
     seq = SeqWork(1, prompt, 0, tuple(range(8)), True, SamplingParams(), 0)
-    return runner.forward(runner.prepare(Batch(0, (seq,), 4)))
+    return runner.forward(runner.prepare(Batch.from_seqs(0, (seq,), 4)))
 
 
 TINY_TIED = ModelConfig(hidden_size=32, num_heads=2, num_kv_heads=2, num_layers=1, intermediate_size=40,

@@ -58,11 +58,12 @@ class InvariantChecker:
     def __call__(self, d, start_ns: int, end_ns: int) -> None:
         cfg, blocks = self.sched.config, self.sched.blocks
         self.iterations += 1
-        assert 0 < d.batch.num_tokens <= cfg.max_num_batched_tokens
+        assert 0 < d.batch.num_tokens_total <= cfg.max_num_batched_tokens
         assert len(d.work) <= cfg.max_num_seqs and len(d.member_ids) <= cfg.max_num_seqs
         reserve = int(cfg.decode_reserve * cfg.max_num_batched_tokens)
         assert d.prefill_tokens <= cfg.max_num_batched_tokens - max(reserve, d.decode_tokens)
-        assert len({s.request_id for s in d.batch.seqs}) == len(d.batch.seqs)
+        assert len(set(d.batch.request_ids.tolist())) == d.batch.num_seqs
+        assert [r.request_id for r, _ in d.work] == d.batch.request_ids.tolist()
         for s in d.batch.seqs:  # the table the forward pass used covered every position it wrote
             assert len(s.block_table) * blocks.block_size >= s.start_pos + len(s.token_ids)
         owners = blocks.device.owners()

@@ -60,7 +60,7 @@ def work(rid: int, tokens: list[int], start: int, table: list[int], sample: bool
 
 
 def step(runner: TorchRunner, iteration: int, seqs: list[SeqWork]) -> torch.Tensor:
-    return runner.forward(runner.prepare(Batch(iteration, tuple(seqs), BLOCK)))
+    return runner.forward(runner.prepare(Batch.from_seqs(iteration, tuple(seqs), BLOCK)))
 
 
 @pytest.mark.parametrize("config", [SMALL, SMALL_GQA, ModelConfig(tie_word_embeddings=True)],
@@ -114,7 +114,7 @@ def generate(runner: TorchRunner, prompts: Prompts, steps: int) -> dict[int, lis
     out: dict[int, list[int]] = {rid: [] for rid in prompts}
     seqs = [work(rid, prompt, 0, tables[rid], params=p) for rid, (prompt, p) in prompts.items()]
     for it in range(steps):
-        batch = Batch(it, tuple(seqs), BLOCK)
+        batch = Batch.from_seqs(it, tuple(seqs), BLOCK)
         tokens = runner.sample(batch, runner.forward(runner.prepare(batch)))
         for rid, token in tokens.items():
             out[rid].append(token)
@@ -227,7 +227,7 @@ def test_swap_plan_reads_every_source_before_writing() -> None:
 def test_rejects_a_block_table_too_short_for_the_context() -> None:
     runner = TorchRunner(SMALL, num_blocks=8, block_size=BLOCK)
     with pytest.raises(ValueError, match="cannot hold"):
-        runner.prepare(Batch(0, (work(1, list(range(9)), 0, [0, 1]),), BLOCK))
+        runner.prepare(Batch.from_seqs(0, (work(1, list(range(9)), 0, [0, 1]),), BLOCK))
 
 
 def test_runner_attributes() -> None:
@@ -235,4 +235,4 @@ def test_runner_attributes() -> None:
     assert (runner.name, runner.simulated, runner.vocab_size) == ("torch", False, 260)
     assert runner.device == torch.device("cuda" if torch.cuda.is_available() else "cpu")
     assert runner.layer_caches[0][0].shape == (8, BLOCK, SMALL.num_kv_heads, SMALL.head_dim)
-    assert runner.forward(runner.prepare(Batch(0, (), BLOCK))).shape == (0, 260)
+    assert runner.forward(runner.prepare(Batch.from_seqs(0, (), BLOCK))).shape == (0, 260)
