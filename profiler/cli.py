@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("name", choices=("worked-example", "slot-time", "fairness"))
     _engine_flags(e)
     e.add_argument("--requests", type=_positive, help="slot-time: requests per workload "
-                   "(default 4000 simulated, 96 torch)")
+                   "(default 4000 simulated; 48 torch, beside the simulated runner fitted here at 48 and 4000)")
     e.add_argument("--out", type=Path, help="also write each run's logs under this directory")
     e.add_argument("--format", choices=("table", "json"), default="table")
     e.set_defaults(func=cmd_experiment)
@@ -103,6 +103,7 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     r.add_argument("--intermediate", type=_positive, default=688)
     r.add_argument("--checkpoint", help="torch runner: a local Llama-style checkpoint directory")
     r.add_argument("--device", help="torch runner: cpu or cuda (default: cuda when present)")
+    r.add_argument("--threads", type=_positive, help="torch runner: CPU threads (default: torch's, one per core)")
     r.add_argument("--seed", type=int, default=0)
 
 
@@ -115,7 +116,7 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
         raise UserError("--preemption swap needs --swap-blocks of at least 1")
     model = ModelSpec(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
                       num_kv_heads=args.kv_heads, intermediate_size=args.intermediate,
-                      checkpoint=args.checkpoint, device=args.device)
+                      checkpoint=args.checkpoint, device=args.device, threads=args.threads)
     spec = RunSpec(scheduler=sched, runner=args.runner, num_blocks=args.num_blocks, block_size=args.block_size,
                    swap_blocks=max(0, args.swap_blocks), seed=args.seed, model=model)
     if args.cost is not None:
@@ -189,9 +190,11 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         raise UserError(f"--out {args.out}: already exists and is not empty; choose another directory")
     if args.name == "worked-example":
         result = experiments.worked_example(spec, args.out)
+    elif args.name == "slot-time" and spec.runner == "torch":
+        cost = spec.cost if args.cost is not None else None
+        result = experiments.slot_time_runners(spec, args.requests or 48, 4000, args.out, cost)
     elif args.name == "slot-time":
-        n = args.requests or (96 if spec.runner == "torch" else 4000)
-        result = experiments.slot_time(spec, n, args.out)
+        result = experiments.slot_time(spec, args.requests or 4000, args.out)
     else:
         result = experiments.fairness(spec, out=args.out)
     print(json.dumps(result, indent=2) if args.format == "json" else format_experiment(result))

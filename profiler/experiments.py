@@ -9,6 +9,7 @@ from itertrace.profiler.policies import Policy
 from itertrace.profiler.request import Phase, PreemptKind
 from itertrace.profiler.scheduler import Mode, SchedulerConfig
 from itertrace.profiler.session import RunSpec, run, summarize
+from itertrace.profiler.sim_runner import CostModel
 from itertrace.profiler.workloads import RequestSpec, build_requests, worked_example as we_specs
 from itertrace.profiler.workloads import slot_time as slot_time_specs
 
@@ -86,6 +87,39 @@ def slot_time(spec: RunSpec, n: int, out: Path | None = None, prompt_tokens: int
     return {"experiment": "slot-time", "runner": spec.runner, "simulated": spec.runner == "simulated",
             "requests_per_workload": n, "capacity": capacity, "rows": rows,
             "continuous_over_static": ratios, "conclusion": _conclusion(rows, ratios)}
+
+
+def slot_time_runners(spec: RunSpec, n_torch: int, n_full: int, out: Path | None = None,
+                      cost: CostModel | None = None) -> dict:
+    """The slot-time experiment on the torch runner, beside the simulated runner with a cost model fitted here.
+
+    The continuous/static ratio depends on the number of requests (the last static batches and the
+    continuous run's drain weigh more in a short run), so the runners are compared at the same size;
+    the simulated runner also runs at full size.
+    """
+    torch_spec = replace(spec, runner="torch")
+    result = slot_time(torch_spec, n_torch, _dir(out, "torch"))
+    fit = None
+    if cost is None:
+        from itertrace.profiler.calibrate import calibrate
+
+        cost, fit = calibrate(torch_spec, n=48)
+    sim_spec = replace(spec, runner="simulated", cost=cost)
+    same = slot_time(sim_spec, n_torch, _dir(out, "simulated-same-size"))
+    full = slot_time(sim_spec, n_full, _dir(out, "simulated-full-size"))
+    diffs = {k: abs(same["continuous_over_static"][k] / v - 1) for k, v in result["continuous_over_static"].items()}
+    result["agreement"] = {
+        "cost_model": {"fixed_ns": cost.fixed_ns, "per_token_ns": cost.per_token_ns,
+                       "per_context_token_ns": cost.per_context_token_ns, "source": cost.source},
+        "fit": fit,
+        "simulated_ratios": same["continuous_over_static"],
+        "relative_diff": diffs,
+        "max_rel_diff": max(diffs.values()),
+        "full_size_requests": n_full,
+        "full_size_ratios": full["continuous_over_static"],
+        "full_size_rows": full["rows"],
+    }
+    return result
 
 
 def _conclusion(rows: list[dict], ratios: dict[str, float]) -> str:

@@ -27,6 +27,7 @@ class ModelSpec:
     intermediate_size: int = 688
     checkpoint: str | None = None
     device: str | None = None  # None: CUDA when present, else CPU
+    threads: int | None = None  # torch CPU threads; None keeps torch's default (one per core)
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,10 @@ def make_runner(spec: RunSpec):
         from itertrace.profiler.torch_runner import TorchRunner
 
         m = spec.model
+        if m.threads is not None:
+            import torch
+
+            torch.set_num_threads(m.threads)  # on a shared machine, 1 thread degrades far more gracefully
         config = None if m.checkpoint else ModelConfig(
             hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
             num_kv_heads=m.num_kv_heads, intermediate_size=m.intermediate_size)

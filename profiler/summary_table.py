@@ -60,8 +60,13 @@ def format_experiment(result: dict) -> str:
         extra = ""
         if "agreement" in result:
             a = result["agreement"]
-            extra = (f"\nsimulated runner at the same size with the cost model fitted here: {a['simulated_ratios']}"
-                     f"\nlargest difference of continuous/static ratios: {100 * a['max_rel_diff']:.1f}%")
+            sim = ", ".join(f"{k} x{v:.3f}" for k, v in a["simulated_ratios"].items())
+            full = ", ".join(f"{k} x{v:.3f}" for k, v in a["full_size_ratios"].items())
+            c = a["cost_model"]
+            extra = (f"\nsimulated runner, cost model fitted here (fixed {c['fixed_ns'] / 1e6:.2f} ms + "
+                     f"{c['per_token_ns'] / 1e3:.1f} us/token + {c['per_context_token_ns']:.1f} ns/context token):"
+                     f"\n  same size: {sim}; largest difference from the torch runner: {100 * a['max_rel_diff']:.1f}%"
+                     f"\n  full size ({a['full_size_requests']} requests per workload): {full}")
         return (f"{head}\ncapacity {result['capacity']}, {result['requests_per_workload']} requests per workload\n"
                 f"{body}\ncontinuous/static throughput: {ratios}{extra}\n\n{result['conclusion']}")
     cols = list(result["rows"][0])
