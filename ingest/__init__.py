@@ -1,4 +1,4 @@
-"""itertrace.ingest: Nsight Systems reports and exports into DuckDB, SQLite-free.
+"""itertrace.ingest: Nsight Systems reports and exports, and the engine's run directories, into DuckDB, SQLite-free.
 
 `ingest(sources, db)` loads each source through the first loader that claims it (see `Loader`) into a
 database built aside and renamed into place. nsys's tables keep their names in the schema `nsys`;
@@ -10,6 +10,7 @@ from itertrace.ingest.loader import LoadContext, Loader
 from itertrace.ingest.normalize import normalized_tables
 from itertrace.ingest.nsys_loader import RAW_SCHEMA, NsysLoader, SourceKind
 from itertrace.ingest.progress import Progress
+from itertrace.ingest.rundir_loader import RunDirLoader
 
 __all__ = [
     "RAW_SCHEMA",
@@ -19,6 +20,7 @@ __all__ = [
     "Loader",
     "NsysLoader",
     "Progress",
+    "RunDirLoader",
     "SourceKind",
     "default_loaders",
     "ingest",

@@ -21,6 +21,7 @@ from itertrace.ingest.arrow_io import first_line
 from itertrace.ingest.loader import LoadContext, Loader
 from itertrace.ingest.nsys_loader import NsysLoader
 from itertrace.ingest.progress import Progress
+from itertrace.ingest.rundir_loader import RunDirLoader
 
 # Files this DuckDB writes can be opened by DuckDB 1.0 and newer, not only by the writing version.
 STORAGE_COMPATIBILITY = "v1.0.0"
@@ -51,8 +52,11 @@ class IngestResult:
 
 
 def default_loaders(nsys_executable: str | Path | None = None) -> list[Loader]:
-    """The loaders `ingest` uses unless given others, narrowest kind first."""
-    return [NsysLoader(nsys_executable)]
+    """The loaders `ingest` uses unless given others, narrowest kind first.
+
+    A run directory holds Parquet files as a parquetdir export does, so its loader goes first.
+    """
+    return [RunDirLoader(), NsysLoader(nsys_executable)]
 
 
 def ingest(
@@ -112,6 +116,8 @@ def _loader_for(path: Path, loaders: Sequence[Loader]) -> Loader:
     for loader in loaders:
         if loader.claims(path):
             return loader
+    if path.is_file():  # what takes files first: a folder-only kind is the last thing to suggest for a file
+        loaders = sorted(loaders, key=lambda loader: getattr(loader, "folders_only", False))
     expected = "; or ".join(loader.accepts for loader in loaders)
     if path.is_dir():
         what = "folder is empty" if not any(path.iterdir()) else "folder holds no tables that itertrace recognises"

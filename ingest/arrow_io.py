@@ -113,6 +113,11 @@ def _file_format_reader(file: Path) -> Callable[[int], Iterator[pa.RecordBatch]]
     return read
 
 
+def parquet_table(file: Path) -> TableStream:
+    """One Parquet file as a table named after the file's stem, after checking its footer can be read."""
+    return _parquet_table(file)
+
+
 def _parquet_table(file: Path) -> TableStream:
     _nonempty_size(file)
     try:

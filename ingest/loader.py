@@ -21,6 +21,8 @@ class Loader(Protocol):
     it, so a loader for a narrower kind goes before a broader one. Before anything is written, `check`
     sees every source the loader took and raises `UserError` for any it cannot load; then `load` runs
     once per source, in the order given, and `finish` once after all sources of every kind are in.
+    A loader that takes only folders may say so with a class attribute `folders_only = True`; the
+    message about an unrecognised file then names it last.
     """
 
     kind: str  # short name, e.g. "nsys"
@@ -66,12 +68,18 @@ class LoadContext:
         try:
             self.con.execute(f"CREATE TABLE {quote(schema)}.{quote(name or table.name)} AS SELECT * FROM {view}")
         except duckdb.Error as exc:
+            self._unregister(view)
             if failures:
                 raise UserError(f"{table.file}: cannot read table {table.name} ({first_line(failures[0])})") from exc
             raise
-        finally:
-            self.con.unregister(view)
+        self.con.unregister(view)
         self.rows_written += table.num_rows
+
+    def _unregister(self, view: str) -> None:
+        try:
+            self.con.unregister(view)
+        except duckdb.TransactionException:  # the failed statement aborted the transaction; the view goes with it
+            pass
 
 
 def quote(identifier: str) -> str:

@@ -11,9 +11,11 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from itertrace.errors import UserError
 
@@ -29,6 +31,11 @@ _DEBIAN_IMPORTER = "/usr/lib/nsight-systems/host-linux-x64/QdstrmImporter"
 _REPORT_MAGIC = b"NVIDIA Tegra Profiler Report "
 _REPORT_VERSION = re.compile(rb"(\d{4})@(\d+)@(\d+)")
 _CPU_TRACES = ("nvtx", "osrt")
+# What Debian's nsys says when it cannot import its own capture, and the .qdstrm it leaves instead.
+_IMPORTER_NOISE = re.compile(r"Importer error status:|Unable to retrieve the importer version|Generating '.*\.qdstrm'|"
+                             r"\s+\S+\.qdstrm\s*$")
+_GENERATED = re.compile(r"Generated:\s*$")
+_QDSTRM_PATH = re.compile(r"\s+\S+\.qdstrm\s*$")
 # No CPU sampling or context-switch tracing: these machines refuse them and the NVTX traces need neither.
 _QUIET_FLAGS = ("--sample=none", "--cpuctxsw=none")
 
@@ -137,9 +144,13 @@ def export_arrow(report: Path, out: Path, nsys: Nsys) -> Path:
     return out
 
 
-def machine_traces() -> tuple[str, ...]:
-    """The `--trace` APIs that fit this machine: NVTX and OS runtime, plus CUDA where an NVIDIA GPU is present."""
-    has_gpu = Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None
+def machine_traces(dev: Path = Path("/dev")) -> tuple[str, ...]:
+    """The `--trace` APIs that fit this machine: NVTX and OS runtime, plus CUDA where an NVIDIA GPU is present.
+
+    A GPU shows as a numbered device node (/dev/nvidia0, ...); /dev/nvidiactl and nvidia-smi alone do not
+    mean one (machines and containers without a GPU may have the driver's control node or tools).
+    """
+    has_gpu = any(node.name[len("nvidia"):].isdigit() for node in dev.glob("nvidia[0-9]*"))
     return (*_CPU_TRACES, "cuda") if has_gpu else _CPU_TRACES
 
 
@@ -152,9 +163,14 @@ def profile(
     extra_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     log: Path | None = None,
+    echo: TextIO | None = None,
     timeout_s: float | None = None,
 ) -> Capture:
-    """Run `command` under `nsys profile` into `report` (.nsys-rep), importing a left-over .qdstrm; output to `log`."""
+    """Run `command` under `nsys profile` into `report` (.nsys-rep), importing a left-over .qdstrm; output to `log`.
+
+    With `log` and `echo`, the output also goes line by line to `echo`, less nsys's lines about the
+    .qdstrm and the importer it could not find (this function imports the .qdstrm itself).
+    """
     if report.suffix != ".nsys-rep":
         raise UserError(f"{report}: a report path must end in .nsys-rep")
     base = report.with_suffix("")
@@ -166,8 +182,11 @@ def profile(
     run_env = {**os.environ, **env} if env is not None else None
     with open(log, "w") if log else contextlib.nullcontext() as out:
         try:
-            done = subprocess.run(args, env=run_env, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                  timeout=timeout_s)
+            if out is not None and echo is not None:
+                done = _run_teed(args, run_env, out, echo, timeout_s)
+            else:
+                done = subprocess.run(args, env=run_env, stdout=out, stderr=subprocess.STDOUT if out else None,
+                                      timeout=timeout_s)
         except subprocess.TimeoutExpired:
             raise UserError(f"nsys profile of {' '.join(command)!r} ran past {timeout_s} s")
     if not report.is_file() and qdstrm.is_file():
@@ -176,6 +195,39 @@ def profile(
         raise UserError(f"nsys profile of {' '.join(command)!r} made no report (exit {done.returncode}"
                         f"{f'; see {log}' if log else ''})")
     return Capture(report, done.returncode)
+
+
+def _run_teed(args: list[str], env: Mapping[str, str] | None, log: TextIO, echo: TextIO,
+              timeout_s: float | None) -> subprocess.CompletedProcess:
+    """Run `args` with stdout and stderr together, each line to `log` and, less nsys's importer noise, to `echo`."""
+    killed = threading.Event()
+    with subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          errors="replace", bufsize=1) as proc:
+
+        def kill() -> None:
+            killed.set()
+            proc.kill()
+
+        timer = threading.Timer(timeout_s, kill) if timeout_s else None
+        if timer is not None:
+            timer.start()
+        held = None  # nsys's "Generated:" line, shown only if the path after it is no .qdstrm
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                if held is not None and not _QDSTRM_PATH.match(line):
+                    echo.write(held)
+                held = line if _GENERATED.match(line) else None
+                if held is None and not _IMPORTER_NOISE.match(line):
+                    echo.write(line)
+                    echo.flush()
+            returncode = proc.wait()
+        finally:
+            if timer is not None:
+                timer.cancel()
+    if killed.is_set():
+        raise subprocess.TimeoutExpired(args, timeout_s)
+    return subprocess.CompletedProcess(args, returncode)
 
 
 def _import_qdstrm(qdstrm: Path, nsys: Nsys) -> None:

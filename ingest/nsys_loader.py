@@ -126,8 +126,9 @@ def _write_raw(ctx: LoadContext, table: TableStream) -> None:
 
 def _drop_volatile_rows(ctx: LoadContext) -> None:
     for name in ("EXPORT_META_DATA", "META_DATA_EXPORT"):
+        # fetchall, not fetchone: DuckDB 2 refuses to register another loader's stream while a result is unfinished
         exists = ctx.con.execute(
             "SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name = ? "
-            "AND database_name = current_database()", [RAW_SCHEMA, name]).fetchone()[0]
+            "AND database_name = current_database()", [RAW_SCHEMA, name]).fetchall()[0][0]
         if exists:
             ctx.con.execute(f"DELETE FROM {RAW_SCHEMA}.{name} WHERE {_VOLATILE_EXPORT_ROWS}")
