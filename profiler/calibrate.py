@@ -4,7 +4,8 @@ Notes
 -----
 The torch engine runs a short workload that mixes prefill chunks and decodes of varied batch
 sizes and context lengths. Each iteration's whole duration (host phases included, since the
-simulated clock has no other host time) is regressed on scheduled tokens and context tokens read:
+simulated clock has no other host time) is regressed on scheduled tokens and context tokens read
+(as the reference attention reads them, see sim_runner.context_read):
 dur = fixed + per_token * tokens + per_context_token * context, by least squares.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from itertrace.errors import UserError
 from itertrace.profiler.scheduler import Decision, SchedulerConfig
 from itertrace.profiler.session import RunSpec, run
-from itertrace.profiler.sim_runner import CostModel
+from itertrace.profiler.sim_runner import CostModel, context_read
 from itertrace.profiler.workloads import RequestSpec, build_requests
 
 
@@ -29,18 +30,18 @@ def calibration_workload(n: int = 96, seed: int = 0) -> list[RequestSpec]:
 
 
 def calibrate(spec: RunSpec, n: int = 96, warmup: int = 5) -> tuple[CostModel, dict]:
-    """Run the torch runner under `spec` and fit a CostModel; returns it with fit statistics."""
-    if spec.runner != "torch":
-        spec = replace(spec, runner="torch")
+    """Run `spec`'s runner (the torch runner, in use) and fit a CostModel; returns it with fit statistics."""
     rows: list[tuple[int, int, int]] = []
 
     def observe(d: Decision, start_ns: int, end_ns: int) -> None:
-        rows.append((d.batch.num_tokens_total, int(d.batch.context_lens.sum()), end_ns - start_ns))
+        rows.append((d.batch.num_tokens_total, context_read(d.batch), end_ns - start_ns))
 
     sched = replace(spec.scheduler, max_num_seqs=max(spec.scheduler.max_num_seqs, 16),
                     max_num_batched_tokens=min(spec.scheduler.max_num_batched_tokens, 512))
-    run(replace(spec, scheduler=sched), build_requests(calibration_workload(n, spec.seed), seed=spec.seed),
-        on_iteration=observe)
+    spec = replace(spec, scheduler=sched)
+    # warm-up: the first forward passes of a process build kernels and fault in memory; leave them out
+    run(spec, build_requests(calibration_workload(8, spec.seed + 1), seed=spec.seed))
+    run(spec, build_requests(calibration_workload(n, spec.seed), seed=spec.seed), on_iteration=observe)
     data = np.array(rows[warmup:], dtype=np.float64)
     if len(data) < 10:
         raise UserError(f"calibration ran only {len(data)} iterations; need at least 10")

@@ -97,9 +97,12 @@ class Engine:
             t_sched = clock.now_ns()
             queued = len(sched.waiting)
             preempted = sched.waiting.num_preempted
-            if not decision.work:
+            if not decision.work:  # nothing runnable: an iteration with no forward pass, logged as such
                 tracer.pop()
-                self._flush_events(start, start)
+                self._flush_events(start, t_sched)
+                if self.log is not None:
+                    self.log.iteration(self._iteration_row(decision, start, t_sched, (t_sched,) * 5, queued, preempted))
+                iteration += 1
                 idle_runs += 1
                 if next_arrival < len(pending):
                     clock.sleep_until(pending[next_arrival].arrival_ns)
@@ -123,7 +126,8 @@ class Engine:
                 self._detokenize(tokens)
             t_detok = clock.now_ns()
             with tracer.phase(PhaseName.POSTPROCESS):
-                sched.postprocess(decision, tokens, iteration)
+                for req in sched.postprocess(decision, tokens, iteration):
+                    tracer.mark(FINISH, req.request_id)  # inside its step: it finished this iteration
             end = clock.now_ns()
             tracer.pop()
 
@@ -159,8 +163,7 @@ class Engine:
             self._text[rid].append(detok.push(token))
 
     def _end(self, request_id: int) -> None:
-        """A request reached a terminal state (finished, canceled, rejected): mark it, drop its sampler state."""
-        self.tracer.mark(FINISH, request_id)
+        """A request reached a terminal state: drop its sampler state, finish its text."""
         self.runner.release(request_id)
         detok = self._detok.pop(request_id, None)
         if detok is not None:
@@ -176,6 +179,8 @@ class Engine:
                 ts = times.arrival_ns
             elif ev.kind in (EventKind.FINISH, EventKind.CANCEL, EventKind.REJECT):
                 times.finish_ns = ts
+                if ev.kind is not EventKind.FINISH:  # finishes are marked inside their step
+                    self.tracer.mark(FINISH, ev.request_id)
                 self._end(ev.request_id)
             elif late:
                 if times.first_token_ns is None:

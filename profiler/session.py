@@ -100,6 +100,7 @@ def run_metadata(spec: RunSpec, runner, clock, workload: str, result: RunResult)
         "runner": runner.name,
         "simulated": bool(runner.simulated),
         "device": str(getattr(runner, "device", "none")),
+        "torch_threads": _torch_threads(runner),
         "workload": workload,
         "seed": spec.seed,
         "clock_source": clock.source,
@@ -109,6 +110,15 @@ def run_metadata(spec: RunSpec, runner, clock, workload: str, result: RunResult)
         "versions": versions,
         "summary": summarize(result, spec.scheduler.max_num_seqs),
     }
+
+
+def _torch_threads(runner) -> int | None:
+    """CPU threads torch used: CPU timings depend on it. None for the simulated runner."""
+    if runner.simulated:
+        return None
+    import torch
+
+    return torch.get_num_threads()
 
 
 def percentile(values: list[float], q: float) -> float | None:

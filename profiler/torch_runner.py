@@ -58,8 +58,10 @@ class TorchRunner:
         self.num_blocks, self.block_size, self.swap_blocks = num_blocks, block_size, swap_blocks
         c = self.config
         block_shape = (block_size, c.num_kv_heads, c.head_dim)
-        self.kv_cache = torch.zeros((c.num_layers, 2, num_blocks, *block_shape), dtype=c.torch_dtype,
-                                    device=self.device)
+        # empty().zero_() rather than zeros(): zeros() may get lazily mapped pages, and first-touch page
+        # faults would then land inside the timed forward passes of the first requests
+        self.kv_cache = torch.empty((c.num_layers, 2, num_blocks, *block_shape), dtype=c.torch_dtype,
+                                    device=self.device).zero_()
         self.swap_pool = torch.zeros((c.num_layers, 2, swap_blocks, *block_shape), dtype=c.torch_dtype,
                                      pin_memory=self.device.type == "cuda")
         # Per layer (K, V), each [num_blocks, block_size, kv_heads, head_dim]: views into kv_cache.

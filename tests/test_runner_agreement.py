@@ -1,0 +1,34 @@
+"""The cost-model fit, checked against a runner whose true costs are known, and the cross-runner report."""
+from __future__ import annotations
+
+import pytest
+
+from itertrace.profiler import experiments
+from itertrace.profiler.calibrate import calibrate
+from itertrace.profiler.session import ModelSpec, RunSpec
+from itertrace.profiler.sim_runner import CostModel
+
+
+def test_calibration_recovers_a_known_cost_model():
+    truth = CostModel(fixed_ns=3_000_000, per_token_ns=45_000, per_context_token_ns=900)
+    fitted, stats = calibrate(RunSpec(runner="simulated", cost=truth), n=32)
+    assert stats["r2"] == pytest.approx(1.0)
+    assert fitted.fixed_ns == pytest.approx(truth.fixed_ns, rel=1e-6)
+    assert fitted.per_token_ns == pytest.approx(truth.per_token_ns, rel=1e-6)
+    assert fitted.per_context_token_ns == pytest.approx(truth.per_context_token_ns, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_torch_and_simulated_runners_see_the_same_schedule():
+    spec = RunSpec(model=ModelSpec(hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=2,
+                                   intermediate_size=128), num_blocks=1200)
+    result = experiments.slot_time_runners(spec, n_torch=16, n_full=64)
+    a = result["agreement"]
+    torch_rows = {(r["workload"], r["mode"]): r for r in result["rows"]}
+    # the schedule does not depend on time: iterations and idle slots match the simulated run exactly
+    same_size = experiments.slot_time(RunSpec(num_blocks=1200, cost=CostModel(**{
+        k: a["cost_model"][k] for k in ("fixed_ns", "per_token_ns", "per_context_token_ns")})), 16)
+    for row in same_size["rows"]:
+        t = torch_rows[(row["workload"], row["mode"])]
+        assert (t["iterations"], t["idle_slot_iterations"]) == (row["iterations"], row["idle_slot_iterations"])
+    assert set(a["relative_diff"]) == {"uniform", "variable"} and a["fit"]["iterations"] > 10
