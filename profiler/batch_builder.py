@@ -10,6 +10,8 @@ back to the general path, which rebuilds the arrays from the requests.
 """
 from __future__ import annotations
 
+from itertools import chain
+
 import numpy as np
 
 from itertrace.profiler.batch import Batch
@@ -20,24 +22,33 @@ from itertrace.profiler.request import Request
 def build_batch(iteration: int, work: list[tuple[Request, int]], block_size: int) -> Batch:
     """The general path: one row per (request, tokens this iteration), in scheduling order."""
     n = len(work)
-    width = max((len(r.block_ids) for r, _ in work), default=0)
+    ids, start, counts, sample, generated, tokens = [], [], [], [], [], []
+    width = 0
+    for r, k in work:  # one pass over the requests: this runs for every iteration that changed
+        pos, outputs = r.num_computed, len(r.output_ids)
+        ids.append(r.request_id)
+        start.append(pos)
+        counts.append(k)
+        sample.append(pos + k == len(r.prompt_ids) + outputs)
+        generated.append(outputs)
+        if k == 1 and outputs and pos == len(r.prompt_ids) + outputs - 1:
+            tokens.append(r.output_ids[-1])  # a decode: its last sampled token
+        else:
+            tokens.extend(r.token_slice(pos, k))
+        width = max(width, len(r.block_ids))
+    lengths = np.array([len(r.block_ids) for r, _ in work], dtype=np.int64)
     tables = np.full((n, width), -1, dtype=np.int64)
-    for i, (r, _) in enumerate(work):
-        tables[i, : len(r.block_ids)] = r.block_ids
-    start = np.fromiter((r.num_computed for r, _ in work), dtype=np.int64, count=n)
-    counts = np.fromiter((k for _, k in work), dtype=np.int64, count=n)
-    tokens = np.fromiter((t for r, k in work for t in r.token_slice(r.num_computed, k)), dtype=np.int64,
-                         count=int(counts.sum()))
+    tables[np.arange(width) < lengths[:, None]] = list(chain.from_iterable(r.block_ids for r, _ in work))
     return Batch(
         iteration=iteration,
         block_size=block_size,
-        request_ids=np.fromiter((r.request_id for r, _ in work), dtype=np.int64, count=n),
-        start_pos=start,
-        num_tokens=counts,
-        token_ids=tokens,
-        sample=np.fromiter((r.num_computed + k == r.num_tokens for r, k in work), dtype=bool, count=n),
+        request_ids=np.array(ids, dtype=np.int64),
+        start_pos=np.array(start, dtype=np.int64),
+        num_tokens=np.array(counts, dtype=np.int64),
+        token_ids=np.array(tokens, dtype=np.int64),
+        sample=np.array(sample, dtype=bool),
         block_tables=tables,
-        num_generated=np.fromiter((len(r.output_ids) for r, _ in work), dtype=np.int64, count=n),
+        num_generated=np.array(generated, dtype=np.int64),
         sampling=tuple(r.sampling for r, _ in work),
     )
 

@@ -190,7 +190,8 @@ class Engine:
                     times.token_ns.append(ts)
                     times.token_iterations.append(ev.iteration)
             if self.log is not None:
-                self.log.event(_event_row(ev, ts))
+                self.log.event(ev.request_id, ev.iteration, ts, ev.kind.value,
+                               ev.reason.value if ev.reason is not None else None, ev.tokens)
         self.scheduler.events.clear()
 
     def _iteration_row(self, d: Decision, start: int, end: int, marks: tuple[int, ...], queued: int,
@@ -230,7 +231,3 @@ class Engine:
             "simulated": bool(self.runner.simulated),
         }
 
-
-def _event_row(ev: Event, ts_ns: int) -> dict:
-    return {"request_id": ev.request_id, "iteration": ev.iteration, "ts_ns": ts_ns, "kind": ev.kind.value,
-            "reason": ev.reason.value if ev.reason else None, "tokens": ev.tokens}

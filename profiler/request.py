@@ -63,7 +63,7 @@ class Transition:
     reason: Reason
 
 
-@dataclass
+@dataclass(eq=False)  # identity equality: list.remove and `in` must not compare every field
 class Request:
     """A request as the scheduler sees it. Token ids are prompt followed by output."""
 

@@ -83,35 +83,33 @@ TABLES = {"iterations": ITERATIONS, "events": EVENTS, "requests": REQUESTS}
 
 @dataclass
 class _Table:
+    """Rows buffered as tuples in schema order, written a row group at a time."""
+
     path: Path
     schema: pa.Schema
     rows_per_group: int
-    columns: dict[str, list] = field(default_factory=dict)
     writer: pq.ParquetWriter | None = None
     rows: int = 0  # written or buffered
-    buffered: int = 0
+    buffer: list[tuple] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.columns = {name: [] for name in self.schema.names}
         self.tmp = self.path.with_name(self.path.name + ".partial")
 
-    def append(self, row: dict) -> None:
-        for name, values in self.columns.items():
-            values.append(row.get(name))
+    def append(self, row: tuple) -> None:
+        self.buffer.append(row)
         self.rows += 1
-        self.buffered += 1
-        if self.buffered >= self.rows_per_group:
+        if len(self.buffer) >= self.rows_per_group:
             self.flush()
 
     def flush(self) -> None:
         if self.writer is None:
             self.writer = pq.ParquetWriter(self.tmp, self.schema, compression="zstd")
-        self.writer.write_table(pa.table(self.columns, schema=self.schema))
-        self.columns = {name: [] for name in self.schema.names}
-        self.buffered = 0
+        columns = list(zip(*self.buffer)) or [[] for _ in self.schema.names]
+        self.writer.write_table(pa.table(dict(zip(self.schema.names, columns)), schema=self.schema))
+        self.buffer = []
 
     def close(self) -> None:
-        if self.buffered or self.writer is None:  # an empty table still gets its file and schema
+        if self.buffer or self.writer is None:  # an empty table still gets its file and schema
             self.flush()
         self.writer.close()
         os.replace(self.tmp, self.path)
@@ -127,13 +125,14 @@ class RunLog:
                         for name, schema in TABLES.items()}
 
     def iteration(self, row: dict) -> None:
-        self._tables["iterations"].append(row)
+        self._tables["iterations"].append(tuple(row[name] for name in ITERATIONS.names))
 
-    def event(self, row: dict) -> None:
-        self._tables["events"].append(row)
+    def event(self, request_id: int, iteration: int, ts_ns: int, kind: str, reason: str | None, tokens: int) -> None:
+        """One event row (positional: this is the hottest write, once per token)."""
+        self._tables["events"].append((request_id, iteration, ts_ns, kind, reason, tokens))
 
     def request(self, row: dict) -> None:
-        self._tables["requests"].append(row)
+        self._tables["requests"].append(tuple(row[name] for name in REQUESTS.names))
 
     def close(self, meta: dict) -> None:
         """Finish every table and write run.json last: its presence marks a complete run directory."""

@@ -27,12 +27,17 @@ class IncrementalDetokenizer:
 
     def __init__(self) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = False  # the decoder holds the start of a multi-byte character
 
     def push(self, token_id: int) -> str:
         """The text that `token_id` completes ("" while a multi-byte character is unfinished)."""
+        if token_id < 128 and not self._pending and token_id >= 0:
+            return chr(token_id)  # ASCII between characters: the common case, without the codec
         if not 0 <= token_id < NUM_BYTES:
             return ""
-        return self._decoder.decode(bytes((token_id,)))
+        text = self._decoder.decode(bytes((token_id,)))
+        self._pending = bool(self._decoder.getstate()[0])
+        return text
 
     def flush(self) -> str:
         """At the end of a request: U+FFFD for a trailing incomplete sequence, else ""."""
