@@ -4,8 +4,7 @@ Notes
 -----
 The torch engine runs a short workload that mixes prefill chunks and decodes of varied batch
 sizes and context lengths. Each iteration's whole duration (host phases included, since the
-simulated clock has no other host time) is regressed on scheduled tokens and context tokens read
-(as the reference attention reads them, see sim_runner.context_read):
+simulated clock has no other host time) is regressed on scheduled tokens and context tokens read:
 dur = fixed + per_token * tokens + per_context_token * context, by least squares.
 """
 from __future__ import annotations
@@ -19,7 +18,7 @@ import numpy as np
 from itertrace.errors import UserError
 from itertrace.profiler.scheduler import Decision, SchedulerConfig
 from itertrace.profiler.session import RunSpec, run
-from itertrace.profiler.sim_runner import CostModel, context_read
+from itertrace.profiler.sim_runner import CostModel
 from itertrace.profiler.workloads import RequestSpec, build_requests
 
 
@@ -34,7 +33,7 @@ def calibrate(spec: RunSpec, n: int = 96, warmup: int = 5) -> tuple[CostModel, d
     rows: list[tuple[int, int, int]] = []
 
     def observe(d: Decision, start_ns: int, end_ns: int) -> None:
-        rows.append((d.batch.num_tokens_total, context_read(d.batch), end_ns - start_ns))
+        rows.append((d.batch.num_tokens_total, int(d.batch.context_lens.sum()), end_ns - start_ns))
 
     sched = replace(spec.scheduler, max_num_seqs=max(spec.scheduler.max_num_seqs, 16),
                     max_num_batched_tokens=min(spec.scheduler.max_num_batched_tokens, 512))

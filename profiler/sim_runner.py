@@ -19,17 +19,8 @@ class CostModel:
 
     def forward_ns(self, batch: Batch) -> int:
         tokens = len(batch.token_ids)
-        return int(self.fixed_ns + self.per_token_ns * tokens + self.per_context_token_ns * context_read(batch))
-
-
-def context_read(batch: Batch) -> int:
-    """KV positions the reference attention reads: each prefill chunk its own context; decodes are
-    attended together, padded to the longest decode context (as profiler/model.py does)."""
-    context = batch.context_lens
-    decode = batch.num_tokens == 1
-    n_decode = int(decode.sum())
-    padded = int(context[decode].max()) * n_decode if n_decode else 0
-    return padded + int(context[~decode].sum())
+        context = int(batch.start_pos.sum()) + tokens  # KV positions attention reads, as a paged kernel does
+        return int(self.fixed_ns + self.per_token_ns * tokens + self.per_context_token_ns * context)
 
 
 class SimulatedRunner:
