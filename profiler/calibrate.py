@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from itertrace.errors import UserError
-from itertrace.profiler.scheduler import Decision, SchedulerConfig
+from itertrace.profiler.scheduler import Decision
 from itertrace.profiler.session import RunSpec, run
 from itertrace.profiler.sim_runner import CostModel
 from itertrace.profiler.workloads import RequestSpec, build_requests

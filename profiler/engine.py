@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 from itertrace.profiler.batch import Runner
 from itertrace.profiler.nvtx_ranges import ARRIVE, FINISH, PhaseName, Tracer
-from itertrace.profiler.request import Phase, Request
+from itertrace.profiler.request import Request
 from itertrace.profiler.runlog import RunLog
-from itertrace.profiler.scheduler import Decision, Event, EventKind, Scheduler
+from itertrace.profiler.scheduler import Decision, EventKind, Scheduler
 from itertrace.profiler.tokenizer import IncrementalDetokenizer
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from itertrace.profiler.policies import Policy
 from itertrace.profiler.request import Phase, PreemptKind
-from itertrace.profiler.scheduler import Mode, SchedulerConfig
+from itertrace.profiler.scheduler import Mode
 from itertrace.profiler.session import RunSpec, run, summarize
 from itertrace.profiler.sim_runner import CostModel
 from itertrace.profiler.workloads import RequestSpec, build_requests, worked_example as we_specs
