@@ -11,94 +11,18 @@ its whole length; members keep their slots and blocks until the last member fini
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 
-from itertrace.profiler.batch import Batch, SwapPlan
+from itertrace.profiler.batch import SwapPlan
 from itertrace.profiler.batch_builder import SteadyDecode, build_batch
+from itertrace.profiler.decision import Decision, Event, EventKind, Limit, Mode, SchedulerConfig
 from itertrace.profiler.kv import BlockManager
-from itertrace.profiler.policies import Policy, WaitQueue, sort_key
+from itertrace.profiler.policies import WaitQueue, sort_key
 from itertrace.profiler.request import Phase, PreemptKind, Reason, Request
 
-
-class Mode(enum.Enum):
-    STATIC = "static"
-    CONTINUOUS = "continuous"
-
-
-class Limit(enum.Enum):
-    """What stopped the scheduler from adding more work to an iteration."""
-
-    QUEUE_EMPTY = "queue_empty"
-    SEQ_BUDGET = "seq_budget"
-    TOKEN_BUDGET = "token_budget"
-    DECODE_RESERVE = "decode_reserve"
-    KV_BLOCKS = "kv_blocks"
-    STATIC_BATCH = "static_batch"  # a static batch is running; nothing joins it
-
-
-class EventKind(enum.Enum):
-    ARRIVE = "arrive"
-    ADMIT = "admit"
-    PREFILL_CHUNK = "prefill_chunk"
-    FIRST_TOKEN = "first_token"
-    TOKEN = "token"
-    PREEMPT = "preempt"
-    RESUME = "resume"
-    FINISH = "finish"
-    CANCEL = "cancel"
-    REJECT = "reject"
-
-
-class Event(NamedTuple):
-    """One request event; the engine stamps it with a time."""
-
-    request_id: int
-    iteration: int
-    kind: EventKind
-    reason: Reason | None = None
-    tokens: int = 0  # prefill chunk size, or 1 for a token
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    mode: Mode = Mode.CONTINUOUS
-    policy: Policy = Policy.FCFS
-    max_num_seqs: int = 16  # sequence budget: batch capacity in slots
-    max_num_batched_tokens: int = 2048  # token budget per iteration
-    chunked_prefill: bool = True
-    decode_reserve: float = 0.0  # share of the token budget that prefill may never use
-    preemption: PreemptKind = PreemptKind.RECOMPUTE
-    aging_iterations: int = 256
-
-    def __post_init__(self) -> None:
-        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
-            raise ValueError("budgets must be at least 1")
-        if not 0.0 <= self.decode_reserve < 1.0:
-            raise ValueError("decode_reserve must be in [0, 1)")
-
-
-@dataclass
-class Decision:
-    """What one iteration runs, and why."""
-
-    iteration: int
-    work: list[tuple[Request, int]]  # (request, tokens this iteration), in batch order
-    batch: Batch
-    swap: SwapPlan
-    member_ids: list[int]  # every request holding a slot, finished static members included
-    finished_member_ids: list[int]  # static batching: members already finished, slots still held
-    stalled_member_ids: list[int]  # live members that got no work this iteration
-    limit: Limit
-    admitted: int = 0
-    resumed: int = 0
-    preempted: int = 0
-    rejected: int = 0
-    prefill_tokens: int = 0
-    decode_tokens: int = 0
+__all__ = ["Decision", "Event", "EventKind", "Limit", "Mode", "Scheduler", "SchedulerConfig"]
 
 
 def _zero_counts() -> dict[str, int]:
