@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -63,7 +64,17 @@ class AttentionMetadata:
     # Decodes, all together.
     decode_rows: Tensor  # [D] row of each decode token in the flat batch
     decode_block_tables: Tensor  # [D, max_blocks] (padded with block 0)
-    decode_mask: Tensor  # [D, 1, 1, max_blocks * block_size] bool, True = key within the context
+    decode_context_lens: Tensor  # [D] keys each decode attends to
+
+    @cached_property
+    def decode_mask(self) -> Tensor:
+        """[D, 1, 1, max_blocks * block_size] bool, True = key within the context; built once per forward.
+
+        Built here, on the model's side, as a varlen attention kernel would: prepare only states lengths.
+        """
+        keys = self.decode_block_tables.shape[1] * self.block_size
+        positions = torch.arange(keys, device=self.decode_context_lens.device)
+        return (positions[None, :] < self.decode_context_lens[:, None])[:, None, None, :]
 
 
 class RMSNorm(nn.Module):

@@ -94,7 +94,6 @@ class TorchRunner:
         decode = np.flatnonzero(is_decode)
         width = int(-(-context[decode].max() // bs)) if len(decode) else 0
         tables = np.maximum(batch.block_tables[decode, :width], 0)  # [D, width]: padding reads block 0, masked
-        key_in_context = np.arange(width * bs)[None, :] < context[decode][:, None]  # [D, width * bs]
         prefill_ranges, prefill_tables, prefill_lens, prefill_masks = [], [], [], []
         for i in np.flatnonzero(~is_decode).tolist():
             ctx, first = int(context[i]), int(starts[i])
@@ -113,7 +112,7 @@ class TorchRunner:
             prefill_masks=prefill_masks,
             decode_rows=self._tensor(ends[decode] - 1),
             decode_block_tables=self._tensor(tables),
-            decode_mask=self._tensor(key_in_context[:, None, None, :]),  # [D, 1, 1, width * bs]
+            decode_context_lens=self._tensor(context[decode]),
         )
         return PreparedBatch(
             input_ids=self._tensor(batch.token_ids),
@@ -134,13 +133,12 @@ class TorchRunner:
         width = int(-(-context.max() // bs)) if len(rows) else 0
         tables = batch.block_tables[:, :width]  # [S, width]
         slots = tables[rows, pos // bs] * bs + pos % bs  # [S]
-        key_in_context = np.arange(width * bs)[None, :] < context[:, None]  # [S, width * bs]
         meta = AttentionMetadata(
             slot_mapping=self._tensor(slots), block_size=bs,
             prefill_query_ranges=[], prefill_block_tables=[], prefill_context_lens=[], prefill_masks=[],
             decode_rows=self._tensor(rows),
             decode_block_tables=self._tensor(np.maximum(tables, 0)),  # padding reads block 0, masked out
-            decode_mask=self._tensor(key_in_context[:, None, None, :]),
+            decode_context_lens=self._tensor(context),
         )
         return PreparedBatch(input_ids=self._tensor(batch.token_ids), positions=self._tensor(pos), meta=meta,
                              sample_rows=self._tensor(rows[batch.sample]))
