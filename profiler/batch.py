@@ -24,7 +24,7 @@ class SamplingParams:
 class SeqWork(NamedTuple):
     """One request's share of an iteration: a prompt chunk (prefill) or its last token (decode).
 
-    A NamedTuple rather than a dataclass: the scheduler makes one per sequence per iteration.
+    The per-sequence view of a Batch (Batch.seqs, Batch.from_seqs), for simple runners and tests.
     """
 
     request_id: int

@@ -204,7 +204,7 @@ class Engine:
             "iteration": d.iteration, "start_ns": start, "end_ns": end, "dur_ns": end - start,
             "schedule_ns": t_sched - start, "prepare_ns": t_prep - t_sched, "forward_ns": t_fwd - t_prep,
             "sample_ns": t_samp - t_fwd, "detokenize_ns": t_detok - t_samp, "postprocess_ns": end - t_detok,
-            "member_ids": d.member_ids, "scheduled_ids": [r.request_id for r, _ in d.work],
+            "member_ids": d.member_ids, "scheduled_ids": d.batch.request_ids.tolist(),
             "finished_member_ids": d.finished_member_ids, "num_seqs": len(d.work),
             "prefill_tokens": d.prefill_tokens, "decode_tokens": d.decode_tokens,
             "slots_finished": len(d.finished_member_ids), "slots_stalled": len(d.stalled_member_ids),
