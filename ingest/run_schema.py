@@ -99,7 +99,8 @@ EVENTS = RunTable("events", "run_events", (
     "clock; token, first_token and finish events carry the end of the iteration that made them."), {
     "request_id": (_I, "The request (run_requests.request_id; the payload of its arrive and finish NVTX marks)."),
     "iteration": (_I, "Iteration in which the event happened (run_iterations.iteration)."),
-    "ts_ns": (_I, "When, in ns on the run's clock."),
+    "ts_ns": (_I, "When, in ns on the run's clock. For arrive, when the engine took the request in (at or after "
+                  "run_requests.arrival_ns, at an iteration boundary)."),
     "kind": (_T, "arrive, admit, prefill_chunk, first_token, token, preempt, resume, finish, cancel or reject."),
     "reason": (_T, "Why the transition happened (e.g. max_tokens, kv_exhausted); NULL where there is no reason."),
     "tokens": (_I, "Tokens the event concerns (e.g. prompt tokens of a prefill chunk); NULL where none."),

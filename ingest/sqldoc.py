@@ -1,17 +1,18 @@
-"""SQL files whose tables document themselves: `--` comments above CREATE TABLE and above each column.
+"""SQL files whose tables and views document themselves: `--` comments above CREATE and above each column.
 
 A file is a sequence of statements, each ending with `;` at the end of a line of code. The comment lines
-directly above `CREATE TABLE name (` document the table, and the comment lines directly above a
-column definition inside it document that column; `comment_statements` turns them into
-`COMMENT ON` statements, so the documentation travels inside the database file.
+directly above `CREATE TABLE name (` (or `CREATE VIEW name (`, whose list names the view's columns)
+document the table, and the comment lines directly above a column inside it document that column;
+`comment_statements` turns them into `COMMENT ON` statements, so the documentation travels inside the
+database file.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
-_CREATE = re.compile(r"^CREATE TABLE (\w+) \($", re.IGNORECASE)
-_COLUMN = re.compile(r"^(\w+)\s+[A-Z]")
+_CREATE = re.compile(r"^CREATE (TABLE|VIEW) (\w+) \($", re.IGNORECASE)
+_COLUMN = re.compile(r"^(\w+)(?:\s+[A-Z]|,?$)")  # `name TYPE` in a table, `name,` in a view
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class TableDoc:
     table: str
     text: str
     columns: dict[str, str]
+    kind: str = "TABLE"  # or "VIEW"
 
 
 def statements(sql: str) -> list[str]:
@@ -44,6 +46,7 @@ def table_docs(sql: str) -> list[TableDoc]:
     docs: list[TableDoc] = []
     comment: list[str] = []
     table: str | None = None
+    kind = "TABLE"
     table_text = ""
     columns: dict[str, str] = {}
     for raw in sql.splitlines():
@@ -53,10 +56,10 @@ def table_docs(sql: str) -> list[TableDoc]:
             continue
         if table is None:
             if created := _CREATE.match(line):
-                table, table_text, columns = created.group(1), " ".join(comment), {}
+                kind, table, table_text, columns = created.group(1).upper(), created.group(2), " ".join(comment), {}
             comment = []
         elif line.startswith(")"):
-            docs.append(TableDoc(table, table_text, columns))
+            docs.append(TableDoc(table, table_text, columns, kind))
             table, comment = None, []
         elif column := _COLUMN.match(line):
             columns[column.group(1)] = " ".join(comment)
@@ -68,7 +71,7 @@ def comment_statements(sql: str) -> list[str]:
     """`COMMENT ON TABLE` and `COMMENT ON COLUMN` statements for every documented table of `sql`."""
     out: list[str] = []
     for doc in table_docs(sql):
-        out.append(f"COMMENT ON TABLE {doc.table} IS {_literal(doc.text)}")
+        out.append(f"COMMENT ON {doc.kind} {doc.table} IS {_literal(doc.text)}")
         out.extend(f"COMMENT ON COLUMN {doc.table}.{name} IS {_literal(text)}" for name, text in doc.columns.items())
     return out
 

@@ -5,8 +5,10 @@ import bisect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from itertrace.profiler.batch import Runner
-from itertrace.profiler.nvtx_ranges import ARRIVE, FINISH, PhaseName, Tracer
+from itertrace.profiler.nvtx_ranges import ADMIT, ARRIVE, FINISH, PhaseName, Tracer
 from itertrace.profiler.request import Request
 from itertrace.profiler.runlog import RunLog
 from itertrace.profiler.scheduler import Decision, EventKind, Scheduler
@@ -62,6 +64,7 @@ class Engine:
         self._detok: dict[int, IncrementalDetokenizer] = {}
         self._text: dict[int, list[str]] = {}
         self._times: dict[int, RequestTimes] = {}
+        self._getting_tokens = np.empty(0, dtype=np.int64)  # sorted ids that got a token last iteration
 
     def run(self, requests: Iterable[Request]) -> RunResult:
         pending = sorted(requests, key=lambda r: (r.arrival_ns, r.request_id))
@@ -94,10 +97,12 @@ class Engine:
             tracer.push_step(iteration)
             with tracer.phase(PhaseName.SCHEDULE):
                 decision = sched.schedule(iteration)
+                self._mark_admissions()
             t_sched = clock.now_ns()
             queued = len(sched.waiting)
             preempted = sched.waiting.num_preempted
             if not decision.work:  # nothing runnable: an iteration with no forward pass, logged as such
+                self._mark_tokens(iteration, self._getting_tokens[:0])
                 tracer.pop()
                 self._flush_events(start, t_sched)
                 if self.log is not None:
@@ -128,6 +133,8 @@ class Engine:
             with tracer.phase(PhaseName.POSTPROCESS):
                 for req in sched.postprocess(decision, tokens, iteration):
                     tracer.mark(FINISH, req.request_id)  # inside its step: it finished this iteration
+                batch = decision.batch
+                self._mark_tokens(iteration, np.sort(batch.request_ids[batch.sample]))
             end = clock.now_ns()
             tracer.pop()
 
@@ -154,6 +161,20 @@ class Engine:
                 self.log.request(self._request_row(req))
         return result
 
+    def _mark_admissions(self) -> None:
+        """An `admit` mark for each request scheduled for the first time (inside this step)."""
+        for ev in self.scheduler.events:
+            if ev.kind is EventKind.ADMIT:
+                self.tracer.mark(ADMIT, ev.request_id)
+
+    def _mark_tokens(self, iteration: int, getting: np.ndarray) -> None:
+        """A `tokens` mark when the set of requests that got a token differs from the last iteration's."""
+        previous = self._getting_tokens
+        if not np.array_equal(getting, previous):
+            self.tracer.tokens(iteration, np.setdiff1d(getting, previous, assume_unique=True).tolist(),
+                               np.setdiff1d(previous, getting, assume_unique=True).tolist())
+            self._getting_tokens = getting
+
     def _detokenize(self, tokens: dict[int, int]) -> None:
         for rid, token in tokens.items():
             detok = self._detok.get(rid)
@@ -170,14 +191,16 @@ class Engine:
             self._text[request_id].append(detok.flush())
 
     def _flush_events(self, start_ns: int, end_ns: int) -> None:
-        """Stamp the scheduler's events: tokens and finishes at the iteration's end, the rest at its start."""
+        """Stamp the scheduler's events: tokens and finishes at the iteration's end, the rest at its start.
+
+        An arrive event gets the time the engine took the request in (as its NVTX mark does), which is
+        at or after the workload's arrival time (run_requests.arrival_ns).
+        """
         for ev in self.scheduler.events:
             late = ev.kind in (EventKind.FIRST_TOKEN, EventKind.TOKEN, EventKind.FINISH)
             ts = end_ns if late else start_ns
             times = self._times[ev.request_id]
-            if ev.kind is EventKind.ARRIVE:
-                ts = times.arrival_ns
-            elif ev.kind in (EventKind.FINISH, EventKind.CANCEL, EventKind.REJECT):
+            if ev.kind in (EventKind.FINISH, EventKind.CANCEL, EventKind.REJECT):
                 times.finish_ns = ts
                 if ev.kind is not EventKind.FINISH:  # finishes are marked inside their step
                     self.tracer.mark(FINISH, ev.request_id)

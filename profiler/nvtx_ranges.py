@@ -1,8 +1,10 @@
 """NVTX names are an API: the queries find the engine's phases by these exact strings.
 
 Every iteration is a `step` push/pop range in domain `itertrace` whose int64 payload is the
-iteration number; inside it, one range per phase. Request arrival and finish are marks whose
-payload is the request id.
+iteration number; inside it, one range per phase. Request arrival, first admission and finish are
+marks whose payload is the request id. A `tokens` mark (payload = iteration) says, whenever it
+changes, which requests got a token in that iteration, so a trace alone rebuilds each request's
+token times: see `tokens_text`.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ DOMAIN = "itertrace"
 STEP = "step"  # one per iteration; payload = iteration number
 ARRIVE = "arrive"  # mark; payload = request id
 FINISH = "finish"  # mark; payload = request id (finished, canceled or rejected)
+ADMIT = "admit"  # mark inside the step that first schedules the request; payload = request id
+TOKENS = "tokens"  # mark inside a step whose set of token-getting requests changed; payload = iteration
 
 
 class PhaseName(enum.Enum):
@@ -32,7 +36,8 @@ class PhaseName(enum.Enum):
 PHASES: tuple[str, ...] = tuple(p.value for p in PhaseName)
 
 _COLORS = {STEP: "green", "schedule": "blue", "prepare": "cyan", "forward": "red", "sample": "orange",
-           "detokenize": "purple", "postprocess": "yellow", ARRIVE: "darkgreen", FINISH: "white"}
+           "detokenize": "purple", "postprocess": "yellow", ARRIVE: "darkgreen", FINISH: "white",
+           ADMIT: "darkgreen"}
 
 
 class _Range:
@@ -73,3 +78,21 @@ class Tracer:
 
     def mark(self, name: str, request_id: int) -> None:
         _mark(self._attrs(name, request_id), self._handle)
+
+    def tokens(self, iteration: int, added, removed) -> None:
+        """Mark the change in the set of requests that get a token, from this iteration on."""
+        _mark(self._attrs(tokens_text(added, removed), iteration), self._handle)
+
+
+def tokens_text(added, removed) -> str:
+    """`tokens +3,4 -1`: requests that start (+) and stop (-) getting a token each iteration.
+
+    The requests that got a token in iteration i are those added and not since removed by the
+    `tokens` marks whose payload is at most i; an iteration with no forward pass removes all.
+    """
+    text = TOKENS
+    if len(added):
+        text += " +" + ",".join(map(str, added))
+    if len(removed):
+        text += " -" + ",".join(map(str, removed))
+    return text

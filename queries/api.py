@@ -1,0 +1,163 @@
+"""Open a database, install the query library into the session, set parameters, run queries.
+
+The views are installed as temporary views of the connection (the database file is opened
+read-only and never changed), unless `install(persist=True)` writes them into the file for other
+DuckDB clients. Only modules whose source tables the database holds are installed; asking for a
+query that needs a missing table is a UserError naming the table and where it comes from.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from itertrace.errors import UserError
+from itertrace.queries.catalog import SOURCE_TABLES, Module, Query, all_params, closure, modules, queries
+
+_CREATE = re.compile(r"^CREATE (MACRO|VIEW) ", re.IGNORECASE | re.MULTILINE)
+
+
+def connect(db: str | Path, *, read_only: bool = True) -> duckdb.DuckDBPyConnection:
+    """A connection to an existing DuckDB file; a missing or foreign file is a UserError."""
+    path = Path(db)
+    if not path.is_file():
+        raise UserError(f"{path}: no such database (make one with `itertrace ingest SOURCE... --db {path}`)")
+    try:
+        return duckdb.connect(str(path), read_only=read_only)
+    except duckdb.Error as exc:
+        raise UserError(f"{path}: not a DuckDB database this duckdb can open ({_first_line(exc)})") from None
+
+
+class QueryDB:
+    """A database with the query library installed: `db.query("host_gaps")` returns an Arrow table."""
+
+    def __init__(self, db: str | Path, params: dict[str, str] | None = None, *,
+                 con: duckdb.DuckDBPyConnection | None = None) -> None:
+        self.path = Path(db)
+        self.con = con if con is not None else connect(self.path)
+        self.missing = install(self.con)
+        set_params(self.con, params or {})
+
+    def __enter__(self) -> QueryDB:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.con.close()
+
+    def tables(self) -> set[str]:
+        return _tables(self.con)
+
+    def check(self, name: str) -> Query:
+        """The query called `name`, if this database holds every table it needs."""
+        query = queries().get(name)
+        if query is None:
+            raise UserError(f"unknown query {name!r}; `itertrace query --list` lists them")
+        for table in query.tables:
+            if table in self.missing:
+                raise UserError(f"{self.path}: query {name} needs table {table}, which this database does not have "
+                                f"(it comes from {SOURCE_TABLES[table]})")
+        if any(m.name == "mapping" for m in query.needs):
+            self.sql("SELECT * FROM mapping")  # fails with a message when the mapping is incomplete
+        return query
+
+    def query(self, name: str) -> pa.Table:
+        """The rows of the public view `name`."""
+        self.check(name)
+        return self.sql(f"SELECT * FROM {name}")
+
+    def relation(self, name: str) -> duckdb.DuckDBPyRelation:
+        self.check(name)
+        return self.con.sql(f"SELECT * FROM {name}")
+
+    def sql(self, text: str) -> pa.Table:
+        """Any SQL over the database and the installed views."""
+        try:
+            return self.con.sql(text).to_arrow_table()
+        except duckdb.Error as exc:
+            raise UserError(_explain(exc, self.missing, self.path)) from None
+
+
+def install(con: duckdb.DuckDBPyConnection, *, persist: bool = False) -> dict[str, str]:
+    """Install every module whose tables exist; returns the missing tables, each with what comes from it.
+
+    Temporary views and macros by default; `persist=True` writes them into the database file.
+    """
+    present = _tables(con)
+    missing = {t: SOURCE_TABLES[t] for t in SOURCE_TABLES if t not in present}
+    skipped: set[str] = set()
+    for mod in modules():
+        if any(t in missing for t in mod.tables) or any(u in skipped for u in mod.uses):
+            skipped.add(mod.name)
+            continue
+        _run(con, mod, persist)
+    return missing
+
+
+def set_params(con: duckdb.DuckDBPyConnection, params: dict[str, str]) -> None:
+    """Set the session variables the views read, checking each name, type and choice."""
+    known = all_params()
+    for name, value in params.items():
+        param = known.get(name)
+        if param is None:
+            raise UserError(f"unknown parameter {name!r}; parameters: {', '.join(sorted(known))}")
+        if param.choices and value not in param.choices:
+            raise UserError(f"parameter {name} must be one of {', '.join(param.choices)}, not {value!r}")
+        if param.type == "BIGINT":
+            try:
+                typed: object = int(value)
+            except ValueError:
+                raise UserError(f"parameter {name} must be an integer, not {value!r}") from None
+        elif param.type == "DOUBLE":
+            try:
+                typed = float(value)
+            except ValueError:
+                raise UserError(f"parameter {name} must be a number, not {value!r}") from None
+        else:
+            typed = value
+        con.execute(f"SET VARIABLE {name} = ?", [typed])
+
+
+def query_params(name: str) -> dict[str, str]:
+    """Parameters the query `name` reads, with their documentation."""
+    return {p.name: p.doc for p in queries()[name].params}
+
+
+def _run(con: duckdb.DuckDBPyConnection, mod: Module, persist: bool) -> None:
+    replace = "CREATE OR REPLACE " if persist else "CREATE OR REPLACE TEMP "
+    for statement in mod.statements:
+        con.execute(_CREATE.sub(lambda m: replace + m.group(1).upper() + " ", statement, count=1))
+    if persist:
+        from itertrace.ingest.sqldoc import comment_statements
+        for statement in comment_statements(mod.sql):
+            con.execute(statement)
+
+
+def _tables(con: duckdb.DuckDBPyConnection) -> set[str]:
+    rows = con.execute("SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' "
+                       "UNION SELECT view_name FROM duckdb_views() WHERE schema_name = 'main' AND NOT internal").fetchall()
+    return {r[0] for r in rows}
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _explain(exc: duckdb.Error, missing: dict[str, str], path: Path) -> str:
+    """One line for a failed statement; a view that was not installed is named with the table it lacks."""
+    line = _first_line(exc)
+    if m := re.search(r"Table with name (\w+) does not exist", line):
+        name = m.group(1)
+        if name in missing:
+            return f"{path}: no table {name} in this database (it comes from {missing[name]})"
+        query = queries().get(name)
+        if query is not None:
+            lacking = [t for t in query.tables if t in missing]
+            if lacking:
+                return (f"{path}: view {name} is not available: this database has no table {lacking[0]} "
+                        f"(it comes from {missing[lacking[0]]})")
+    return re.sub(r"^\w+ Error: ", "", line)

@@ -1,0 +1,166 @@
+"""The query library as files: each `.sql` module's views, macros, parameters and what it reads.
+
+A module is one `.sql` file that only defines things (macros and views) and produces nothing when
+run. Its first comment block documents it; `-- @param NAME TYPE [(a|b)] text` lines declare the
+parameters its views read with `getvariable('NAME')`. Public views are named after their module
+(`host_gaps`, `host_gaps_parts`, ...); helpers start with `_`. Which other modules and which
+database tables a module reads is found from the names in its SQL, so the order of installation
+and the tables a query needs are never written down twice.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from itertrace.ingest.sqldoc import TableDoc, statements, table_docs
+
+SQL_DIR = Path(__file__).parent
+
+# Tables that `itertrace ingest` writes and that modules may read, with where they come from.
+NSYS = "an Nsight Systems capture (itertrace ingest REPORT.nsys-rep --db FILE)"
+RUN = "an engine run directory (itertrace ingest RUN_DIR --db FILE)"
+SOURCE_TABLES: dict[str, str] = {
+    "nvtx_ranges": NSYS, "nvtx_marks": NSYS, "nvtx_gpu_projection": NSYS, "cuda_api": NSYS, "gpu_ops": NSYS,
+    "threads": NSYS, "processes": NSYS, "capture_meta": NSYS,
+    "run_iterations": RUN, "run_events": RUN, "run_requests": RUN, "run_meta": RUN,
+}
+
+_PARAM = re.compile(r"^--\s*@param\s+(\w+)\s+(VARCHAR|BIGINT|DOUBLE)\s+(?:\(([\w|]+)\)\s+)?(.*)$")
+_DEFINES = re.compile(r"^CREATE (MACRO|VIEW) (\w+)", re.IGNORECASE | re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Param:
+    """A parameter a module's views read through getvariable()."""
+
+    name: str
+    type: str  # VARCHAR, BIGINT or DOUBLE
+    choices: tuple[str, ...]  # allowed values; empty for any
+    doc: str
+
+
+@dataclass(frozen=True)
+class Module:
+    """One `.sql` file of the library."""
+
+    name: str
+    doc: str
+    sql: str
+    statements: tuple[str, ...]
+    names: tuple[str, ...]  # macros and views it defines
+    views: tuple[TableDoc, ...]  # its public views, documented
+    params: tuple[Param, ...]
+    uses: tuple[str, ...]  # modules it reads, directly
+    tables: tuple[str, ...]  # source tables it reads, directly
+
+
+def _code(sql: str) -> str:
+    return "\n".join(line.split("--", 1)[0] for line in sql.splitlines())
+
+
+def _header(sql: str) -> tuple[str, tuple[Param, ...]]:
+    """The first paragraph of the file's leading comment, and the parameters it declares."""
+    lines: list[str] = []
+    params: list[Param] = []
+    paragraph_done = False
+    for line in sql.splitlines():
+        if not line.startswith("--"):
+            break
+        text = line[2:].strip()
+        if m := _PARAM.match(line):
+            choices = tuple(m.group(3).split("|")) if m.group(3) else ()
+            params.append(Param(m.group(1), m.group(2), choices, m.group(4).strip()))
+        elif not text:
+            paragraph_done = paragraph_done or bool(lines)
+        elif not paragraph_done:
+            lines.append(text)
+    return " ".join(lines), tuple(params)
+
+
+@cache
+def modules() -> tuple[Module, ...]:
+    """Every module, each after the modules it uses."""
+    raw = {path.stem: path.read_text() for path in sorted(SQL_DIR.glob("*.sql"))}
+    defined = {name: tuple(m.group(2) for m in _DEFINES.finditer(_code(sql))) for name, sql in raw.items()}
+    out: dict[str, Module] = {}
+    for name, sql in raw.items():
+        code = _code(sql)
+        words = set(re.findall(r"\b\w+\b", code))
+        uses = tuple(other for other, names in defined.items()
+                     if other != name and any(n in words for n in names))
+        tables = tuple(t for t in SOURCE_TABLES if t in words)
+        doc, params = _header(sql)
+        views = tuple(d for d in table_docs(sql) if d.kind == "VIEW" and not d.table.startswith("_"))
+        out[name] = Module(name, doc, sql, tuple(statements(sql)), defined[name], views, params, uses, tables)
+    ordered: list[Module] = []
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in path:
+            raise RuntimeError(f"query modules use each other in a cycle: {' -> '.join(path + (name,))}")
+        if any(m.name == name for m in ordered):
+            return
+        for used in out[name].uses:
+            visit(used, path + (name,))
+        ordered.append(out[name])
+
+    for name in out:
+        visit(name, ())
+    return tuple(ordered)
+
+
+def module(name: str) -> Module:
+    return next(m for m in modules() if m.name == name)
+
+
+def closure(name: str) -> tuple[Module, ...]:
+    """The module and every module it uses, directly or not, in installation order."""
+    wanted: set[str] = set()
+
+    def walk(n: str) -> None:
+        if n not in wanted:
+            wanted.add(n)
+            for used in module(n).uses:
+                walk(used)
+
+    walk(name)
+    return tuple(m for m in modules() if m.name in wanted)
+
+
+@dataclass(frozen=True)
+class Query:
+    """A public view: what `itertrace query NAME` runs."""
+
+    name: str
+    module: Module
+    doc: TableDoc
+
+    @property
+    def summary(self) -> str:
+        """The first sentence of its documentation."""
+        text = self.doc.text
+        end = text.find(". ")
+        return text if end < 0 else text[: end + 1]
+
+    @property
+    def needs(self) -> tuple[Module, ...]:
+        return closure(self.module.name)
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(t for m in self.needs for t in m.tables))
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        return tuple(p for m in self.needs for p in m.params)
+
+
+@cache
+def queries() -> dict[str, Query]:
+    """Every public view, by name, in module order."""
+    return {doc.table: Query(doc.table, m, doc) for m in modules() for doc in m.views}
+
+
+def all_params() -> dict[str, Param]:
+    return {p.name: p for m in modules() for p in m.params}

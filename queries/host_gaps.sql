@@ -1,0 +1,284 @@
+-- Host gaps: the device's idle time between consecutive iterations, and the host work that filled it.
+--
+-- Notes. On each track (the thread that runs the step ranges) iterations are taken in order of
+-- their device start. A gap runs from the latest device end so far to the next device start; when
+-- the next iteration's device work starts before that (overlapping device work), the gap is 0. So
+-- a track's gaps never overlap one another. A gap is split among the host-phase ranges that overlap
+-- it: leaf push/pop ranges (ranges with no child) on the track's thread that match the phase
+-- pattern. Leaves on one thread never overlap (push/pop ranges nest), so the parts of a gap never
+-- count an instant twice, and what no leaf covers is the `unattributed` part: the parts of a gap
+-- always add up to the gap. Start/end ranges, which may overlap, take no part; a leaf still open
+-- when the capture stopped covers everything after its start.
+--
+-- Leaves and gaps are matched by two sort-based ASOF joins rather than an interval join: a leaf
+-- overlaps the gap that started last at or before the leaf's start (if that gap ends after it), and
+-- each gap that starts inside a leaf (the leaf that started last before the gap, if it ends after
+-- the gap's start). Because gaps are disjoint and leaves are disjoint, these two cases find every
+-- overlapping pair exactly once.
+--
+-- @param limit BIGINT How many gaps host_gaps_worst lists; 10 when not given.
+
+-- One row per pair of consecutive device intervals on a track.
+CREATE VIEW host_gaps (
+  -- The track: global id of the thread that ran the step ranges.
+  global_tid,
+  -- The iteration before the gap: the one whose device work ended last before it.
+  prev_iteration,
+  -- The iteration after the gap: its device work ends the gap.
+  iteration,
+  -- Start of the gap: the latest device end on the track so far (ns since the capture started).
+  gap_start_ns,
+  -- End of the gap: the device start of `iteration`.
+  gap_end_ns,
+  -- gap_end_ns - gap_start_ns: time the device did no work of this track; 0 when device work overlapped.
+  gap_ns
+) AS
+WITH
+  device AS (
+    SELECT global_tid, iteration, device_start_ns, device_end_ns
+    FROM iterations
+    WHERE device_start_ns IS NOT NULL
+  ),
+  ordered AS (
+    SELECT
+      *,
+      arg_max(iteration, device_end_ns) OVER before AS prev_iteration,
+      max(device_end_ns) OVER before AS busy_until_ns
+    FROM device
+    WINDOW before AS (PARTITION BY global_tid ORDER BY device_start_ns, iteration
+                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+  )
+SELECT
+  global_tid,
+  prev_iteration,
+  iteration,
+  least(busy_until_ns, device_start_ns),
+  device_start_ns,
+  greatest(device_start_ns - busy_until_ns, 0)
+FROM ordered
+WHERE busy_until_ns IS NOT NULL
+ORDER BY global_tid, device_start_ns, iteration;
+
+-- The host-phase leaves of the tracks' threads.
+CREATE VIEW _host_gaps_leaves AS
+SELECT
+  r.global_tid,
+  r.start_ns,
+  coalesce(r.end_ns, 9223372036854775807) AS end_ns,
+  mapping_phase_name(r.text) AS phase
+FROM nvtx_ranges AS r
+WHERE r.range_kind = 'push_pop'
+  AND regexp_matches(r.text, mapping_phase_pattern())
+  AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
+  AND r.global_tid IN (SELECT global_tid FROM _iterations_steps)
+  AND r.range_id NOT IN (SELECT parent_range_id FROM nvtx_ranges WHERE parent_range_id IS NOT NULL);
+
+-- Every (gap, leaf) overlap, with its length.
+CREATE VIEW _host_gaps_overlaps AS
+WITH
+  gaps AS (
+    SELECT global_tid, iteration, gap_start_ns, gap_end_ns FROM host_gaps WHERE gap_ns > 0
+  ),
+  leaf_starts_in_gap AS (
+    SELECT g.global_tid, g.iteration, l.phase, l.start_ns, l.end_ns, g.gap_start_ns, g.gap_end_ns
+    FROM _host_gaps_leaves AS l
+    ASOF JOIN gaps AS g ON g.global_tid = l.global_tid AND g.gap_start_ns <= l.start_ns
+    WHERE l.start_ns < g.gap_end_ns
+  ),
+  gap_starts_in_leaf AS (
+    SELECT g.global_tid, g.iteration, l.phase, l.start_ns, l.end_ns, g.gap_start_ns, g.gap_end_ns
+    FROM gaps AS g
+    ASOF JOIN _host_gaps_leaves AS l ON l.global_tid = g.global_tid AND l.start_ns < g.gap_start_ns
+    WHERE l.end_ns > g.gap_start_ns
+  ),
+  pairs AS (
+    SELECT * FROM leaf_starts_in_gap
+    UNION ALL
+    SELECT * FROM gap_starts_in_leaf
+  )
+SELECT
+  global_tid,
+  iteration,
+  phase,
+  least(end_ns, gap_end_ns) - greatest(start_ns, gap_start_ns) AS overlap_ns
+FROM pairs;
+
+-- Each gap split into host phases and an `unattributed` remainder; a gap's parts add up to its gap_ns.
+CREATE VIEW host_gaps_parts (
+  -- The track (host_gaps.global_tid).
+  global_tid,
+  -- The iteration after the gap (host_gaps.iteration).
+  iteration,
+  -- Host phase (mapping_phase_name of the leaf ranges), or 'unattributed' for time no leaf covers.
+  phase,
+  -- Time of the gap spent in this phase; every gap has an unattributed row, possibly 0.
+  dur_ns
+) AS
+WITH
+  attributed AS (
+    SELECT global_tid, iteration, phase, sum(overlap_ns)::BIGINT AS dur_ns
+    FROM _host_gaps_overlaps
+    GROUP BY global_tid, iteration, phase
+  ),
+  covered AS (
+    SELECT global_tid, iteration, sum(dur_ns)::BIGINT AS dur_ns
+    FROM attributed
+    GROUP BY global_tid, iteration
+  ),
+  parts AS (
+    SELECT * FROM attributed
+    UNION ALL
+    SELECT g.global_tid, g.iteration, 'unattributed', g.gap_ns - coalesce(c.dur_ns, 0)
+    FROM host_gaps AS g
+    LEFT JOIN covered AS c ON c.global_tid = g.global_tid AND c.iteration = g.iteration
+  )
+SELECT * FROM parts
+ORDER BY global_tid, iteration, phase = 'unattributed', phase;
+
+-- Per host phase, its time in gaps: totals and distribution over all gaps (0 where a gap has none of it).
+CREATE VIEW host_gaps_by_phase (
+  -- Host phase, or 'unattributed'.
+  phase,
+  -- Gaps (all tracks).
+  gaps,
+  -- Gaps with some time in this phase.
+  gaps_with_phase,
+  -- Time of all gaps spent in this phase.
+  total_ns,
+  -- total_ns as a share of all gap time (0 to 1); NULL when there is no gap time.
+  share,
+  -- Mean time per gap in this phase.
+  mean_ns,
+  -- Median over gaps of the time in this phase.
+  p50_ns,
+  -- 90th percentile over gaps (nearest rank).
+  p90_ns,
+  -- 99th percentile over gaps (nearest rank).
+  p99_ns,
+  -- Most time of one gap in this phase.
+  max_ns
+) AS
+WITH
+  parts AS (SELECT * FROM host_gaps_parts),
+  phases AS (SELECT DISTINCT phase FROM parts),
+  grid AS (
+    SELECT p.phase, coalesce(x.dur_ns, 0) AS dur_ns
+    FROM phases AS p
+    CROSS JOIN host_gaps AS g
+    LEFT JOIN parts AS x ON x.phase = p.phase AND x.global_tid = g.global_tid AND x.iteration = g.iteration
+  ),
+  all_gaps AS (SELECT sum(gap_ns) AS total_ns FROM host_gaps)
+SELECT
+  phase,
+  count(*),
+  count(*) FILTER (WHERE dur_ns > 0),
+  sum(dur_ns)::BIGINT,
+  sum(dur_ns) / nullif((SELECT total_ns FROM all_gaps), 0),
+  avg(dur_ns),
+  quantile_disc(dur_ns, 0.5),
+  quantile_disc(dur_ns, 0.9),
+  quantile_disc(dur_ns, 0.99),
+  max(dur_ns)
+FROM grid
+GROUP BY phase
+ORDER BY phase = 'unattributed', sum(dur_ns) DESC, phase;
+
+-- Per track: how much of its wall time the device sat in gaps, and the gaps' distribution.
+CREATE VIEW host_gaps_summary (
+  -- The track (host_gaps.global_tid).
+  global_tid,
+  -- Iterations with a device interval on the track.
+  iterations,
+  -- Gaps: iterations - 1.
+  gaps,
+  -- From the first device start to the last device end on the track.
+  wall_ns,
+  -- Sum of the gaps.
+  gap_total_ns,
+  -- gap_total_ns / wall_ns: the share of the track's wall time with its device idle between iterations.
+  gap_share,
+  -- Median gap.
+  gap_p50_ns,
+  -- 90th percentile gap (nearest rank).
+  gap_p90_ns,
+  -- 99th percentile gap (nearest rank).
+  gap_p99_ns,
+  -- Longest gap.
+  gap_max_ns,
+  -- Median launch latency over GPU iterations (iterations.launch_latency_ns); NULL without GPU work.
+  launch_latency_p50_ns
+) AS
+WITH
+  device AS (
+    SELECT
+      global_tid,
+      count(*) AS iterations,
+      max(device_end_ns) - min(device_start_ns) AS wall_ns,
+      quantile_disc(launch_latency_ns, 0.5) AS launch_latency_p50_ns
+    FROM iterations
+    WHERE device_start_ns IS NOT NULL
+    GROUP BY global_tid
+  ),
+  gaps AS (
+    SELECT
+      global_tid,
+      count(*) AS gaps,
+      sum(gap_ns)::BIGINT AS total_ns,
+      quantile_disc(gap_ns, 0.5) AS p50,
+      quantile_disc(gap_ns, 0.9) AS p90,
+      quantile_disc(gap_ns, 0.99) AS p99,
+      max(gap_ns) AS max_ns
+    FROM host_gaps
+    GROUP BY global_tid
+  )
+SELECT
+  d.global_tid,
+  d.iterations,
+  coalesce(g.gaps, 0),
+  d.wall_ns,
+  coalesce(g.total_ns, 0),
+  coalesce(g.total_ns, 0) / nullif(d.wall_ns, 0),
+  g.p50,
+  g.p90,
+  g.p99,
+  g.max_ns,
+  d.launch_latency_p50_ns
+FROM device AS d
+LEFT JOIN gaps AS g ON g.global_tid = d.global_tid
+ORDER BY d.global_tid;
+
+-- The longest gaps, with the iterations around them and the phase that took most of each.
+CREATE VIEW host_gaps_worst (
+  -- Rank, 1 for the longest gap (ties broken by track, then iteration).
+  rank,
+  -- The track (host_gaps.global_tid).
+  global_tid,
+  -- The iteration before the gap.
+  prev_iteration,
+  -- The iteration after the gap.
+  iteration,
+  -- Length of the gap.
+  gap_ns,
+  -- The part (host phase or unattributed) that took most of the gap.
+  top_phase,
+  -- Time of the gap in top_phase.
+  top_phase_ns
+) AS
+WITH
+  ranked AS (
+    SELECT *, row_number() OVER (ORDER BY gap_ns DESC, global_tid, iteration) AS rank
+    FROM host_gaps
+  ),
+  worst AS (
+    SELECT * FROM ranked WHERE rank <= coalesce(getvariable('limit')::BIGINT, 10)
+  ),
+  top_part AS (
+    SELECT p.global_tid, p.iteration, arg_max(p.phase, p.dur_ns) AS phase, max(p.dur_ns) AS dur_ns
+    FROM host_gaps_parts AS p
+    SEMI JOIN worst AS w ON w.global_tid = p.global_tid AND w.iteration = p.iteration
+    GROUP BY p.global_tid, p.iteration
+  )
+SELECT w.rank, w.global_tid, w.prev_iteration, w.iteration, w.gap_ns, t.phase, t.dur_ns
+FROM worst AS w
+JOIN top_part AS t ON t.global_tid = w.global_tid AND t.iteration = w.iteration
+ORDER BY w.rank;

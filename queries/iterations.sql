@@ -1,0 +1,107 @@
+-- Iterations as a trace shows them: each iteration's host interval (its step range) and device
+-- interval (on CUDA, the GPU projection of the work launched inside the step; on a run without GPU
+-- work, the device-pattern range inside the step, this engine's `forward`). Range names come from
+-- the mapping (mapping.sql), so the same SQL serves other programs' traces.
+
+-- The step ranges the mapping names, numbered as it says.
+CREATE VIEW _iterations_steps AS
+SELECT
+  range_id,
+  global_pid,
+  global_tid,
+  start_ns,
+  end_ns,
+  CASE mapping_iteration_from()
+    WHEN 'payload' THEN int64_value
+    WHEN 'text' THEN try_cast(regexp_extract(text, mapping_step_pattern(), 1) AS BIGINT)
+    ELSE row_number() OVER (PARTITION BY global_tid ORDER BY start_ns, range_id) - 1
+  END AS iteration
+FROM nvtx_ranges
+WHERE regexp_matches(text, mapping_step_pattern())
+  AND (mapping_domain() IS NULL OR domain_name = mapping_domain());
+
+-- Per step, the span of the device-pattern ranges inside it on its thread. A device range belongs to
+-- the step that started last at or before it on the same thread (a sort-based ASOF join), if that
+-- step also encloses its end; a device range still open when the capture stopped has no end and
+-- counts for nothing.
+CREATE VIEW _iterations_device_ranges AS
+WITH
+  device AS (
+    SELECT global_tid, start_ns, end_ns
+    FROM nvtx_ranges
+    WHERE mapping_device_pattern() IS NOT NULL
+      AND regexp_matches(text, mapping_device_pattern())
+      AND (mapping_domain() IS NULL OR domain_name = mapping_domain())
+      AND end_ns IS NOT NULL
+  )
+SELECT s.range_id, min(d.start_ns) AS start_ns, max(d.end_ns) AS end_ns
+FROM device AS d
+ASOF JOIN _iterations_steps AS s ON s.global_tid = d.global_tid AND s.start_ns <= d.start_ns
+WHERE d.end_ns <= coalesce(s.end_ns, 9223372036854775807)
+GROUP BY s.range_id;
+
+-- Per step, the start of the first CUDA API call inside it that launched GPU work.
+CREATE VIEW _iterations_first_launch AS
+WITH
+  launches AS (
+    SELECT a.global_tid, a.start_ns, a.end_ns
+    FROM cuda_api AS a
+    SEMI JOIN gpu_ops AS g ON g.correlation_id = a.correlation_id AND g.global_pid = a.global_pid
+  )
+SELECT s.range_id, min(l.start_ns) AS start_ns
+FROM launches AS l
+ASOF JOIN _iterations_steps AS s ON s.global_tid = l.global_tid AND s.start_ns <= l.start_ns
+WHERE l.end_ns <= coalesce(s.end_ns, 9223372036854775807)
+GROUP BY s.range_id;
+
+-- One row per iteration: its host interval (the step range) and its device interval.
+CREATE VIEW iterations (
+  -- Iteration number: the step's int64 payload, the number in its text, or its place on its thread (mapping.iteration_from).
+  iteration,
+  -- Global id of the thread that ran the step range: the track on which host_gaps measures gaps.
+  global_tid,
+  -- Global id of that thread's process.
+  global_pid,
+  -- The step range (nvtx_ranges.range_id).
+  step_range_id,
+  -- Start of the step range, in ns since the capture started.
+  host_start_ns,
+  -- End of the step range; NULL when it was still open when the capture stopped.
+  host_end_ns,
+  -- host_end_ns - host_start_ns.
+  host_dur_ns,
+  -- Start of the iteration's device work: its first GPU operation, or else the first device-pattern range inside the step; NULL when it has neither.
+  device_start_ns,
+  -- End of the iteration's device work: its last GPU operation, or else the last device-pattern range inside the step.
+  device_end_ns,
+  -- device_end_ns - device_start_ns.
+  device_dur_ns,
+  -- Where the device interval comes from: 'gpu' (GPU work launched inside the step), 'range' (device-pattern ranges inside it), or NULL (neither).
+  device_source,
+  -- GPU operations (kernels, memcpys, memsets) launched inside the step; 0 when none.
+  gpu_op_count,
+  -- Start of the first CUDA API call inside the step that launched GPU work; NULL without GPU work.
+  first_launch_ns,
+  -- device_start_ns - first_launch_ns on GPU iterations: from the first launch to the first GPU work starting; NULL otherwise.
+  launch_latency_ns
+) AS
+SELECT
+  s.iteration,
+  s.global_tid,
+  s.global_pid,
+  s.range_id,
+  s.start_ns,
+  s.end_ns,
+  s.end_ns - s.start_ns,
+  coalesce(g.gpu_start_ns, d.start_ns) AS device_start_ns,
+  coalesce(g.gpu_end_ns, d.end_ns) AS device_end_ns,
+  coalesce(g.gpu_end_ns, d.end_ns) - coalesce(g.gpu_start_ns, d.start_ns),
+  CASE WHEN g.range_id IS NOT NULL THEN 'gpu' WHEN d.range_id IS NOT NULL THEN 'range' END,
+  coalesce(g.gpu_op_count, 0),
+  f.start_ns,
+  g.gpu_start_ns - f.start_ns
+FROM _iterations_steps AS s
+LEFT JOIN nvtx_gpu_projection AS g ON g.range_id = s.range_id
+LEFT JOIN _iterations_device_ranges AS d ON d.range_id = s.range_id
+LEFT JOIN _iterations_first_launch AS f ON f.range_id = s.range_id
+ORDER BY s.global_tid, s.start_ns, s.range_id;

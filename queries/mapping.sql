@@ -1,0 +1,71 @@
+-- Which NVTX ranges mean an iteration, its device work and its host phases.
+--
+-- Two presets: `itertrace` (this engine's names, the default) and `generic` (any program with a
+-- range per iteration: give its name pattern, e.g. --param step_pattern='^decode_step_\d+$'). Any
+-- key below given as a parameter overrides the preset's value. Patterns are RE2 regular
+-- expressions searched in the range's text (anchor them with ^...$ for a whole-name match).
+--
+-- @param preset VARCHAR (itertrace|generic) Mapping preset; itertrace when not given.
+-- @param step_pattern VARCHAR Pattern of the range that is one iteration (required with preset=generic).
+-- @param domain VARCHAR NVTX domain of the step, phase and device ranges; empty for any domain.
+-- @param phase_pattern VARCHAR Pattern of the host-phase ranges; its first capture group, where it matches, names the phase.
+-- @param device_pattern VARCHAR Pattern of the range that is an iteration's device work when it launched no GPU work; empty for none.
+-- @param iteration_from VARCHAR (payload|text|order) Iteration numbers: the step's int64 payload, the step pattern's first capture group, or 0, 1, ... by start on each thread.
+--
+-- The mapping is read through macros so that each pattern is a constant when a query runs (a
+-- pattern read from a table would be compiled again for every row).
+
+CREATE MACRO mapping_preset() AS coalesce(getvariable('preset'), 'itertrace');
+
+CREATE MACRO mapping_step_pattern() AS coalesce(
+  getvariable('step_pattern'), CASE mapping_preset() WHEN 'itertrace' THEN '^step$' END);
+
+CREATE MACRO mapping_domain() AS CASE
+  WHEN getvariable('domain') IS NOT NULL THEN nullif(getvariable('domain'), '')
+  WHEN mapping_preset() = 'itertrace' THEN 'itertrace' END;
+
+CREATE MACRO mapping_phase_pattern() AS coalesce(
+  getvariable('phase_pattern'),
+  CASE mapping_preset()
+    WHEN 'itertrace' THEN '^(schedule|prepare|forward|sample|detokenize|postprocess)$'
+    ELSE '' END);
+
+CREATE MACRO mapping_device_pattern() AS CASE
+  WHEN getvariable('device_pattern') IS NOT NULL THEN nullif(getvariable('device_pattern'), '')
+  WHEN mapping_preset() = 'itertrace' THEN '^forward$' END;
+
+CREATE MACRO mapping_iteration_from() AS coalesce(
+  getvariable('iteration_from'), CASE mapping_preset() WHEN 'itertrace' THEN 'payload' ELSE 'order' END);
+
+-- The phase a host range stands for: the phase pattern's first capture group where it has one,
+-- else the range's text with each run of digits replaced by #, so that `aten::mul, op_id = 12` and
+-- `aten::mul, op_id = 13` are one phase.
+CREATE MACRO mapping_phase_name(text) AS coalesce(
+  nullif(regexp_extract(text, mapping_phase_pattern(), 1), ''), regexp_replace(text, '[0-9]+', '#', 'g'));
+
+-- The mapping in effect: one row. Querying it fails with a message when the mapping is incomplete.
+CREATE VIEW mapping (
+  -- Preset the mapping starts from: itertrace or generic.
+  preset,
+  -- Pattern of the range that is one iteration (the `step` range).
+  step_pattern,
+  -- NVTX domain of the step, phase and device ranges; NULL for any.
+  domain,
+  -- Pattern of the host-phase ranges.
+  phase_pattern,
+  -- Pattern of the range that is an iteration's device work when it launched no GPU work; NULL for none.
+  device_pattern,
+  -- How iterations are numbered: payload, text or order.
+  iteration_from
+) AS
+SELECT
+  mapping_preset(),
+  CASE WHEN mapping_step_pattern() IS NULL
+    THEN error('parameter step_pattern is missing: the ' || mapping_preset()
+               || ' mapping needs the pattern of the iteration range, e.g. --param step_pattern=''^decode_step_\d+$''')
+    ELSE mapping_step_pattern() END,
+  mapping_domain(),
+  mapping_phase_pattern(),
+  mapping_device_pattern(),
+  CASE WHEN mapping_iteration_from() IN ('payload', 'text', 'order') THEN mapping_iteration_from()
+    ELSE error('parameter iteration_from must be payload, text or order, not ' || mapping_iteration_from()) END;
