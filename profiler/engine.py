@@ -24,6 +24,7 @@ class RequestTimes:
     """Per-request clock readings the summary needs (the run log holds the full story)."""
 
     arrival_ns: int
+    intake_ns: int  # when the engine took it in (its arrive mark): at or after arrival_ns
     first_token_ns: int | None = None
     last_token_ns: int | None = None
     finish_ns: int | None = None  # when it reached a terminal state
@@ -81,7 +82,7 @@ class Engine:
             now = clock.now_ns()
             upto = bisect.bisect_right(arrivals, now, lo=next_arrival)
             for req in pending[next_arrival:upto]:
-                self._times[req.request_id] = RequestTimes(req.arrival_ns)
+                self._times[req.request_id] = RequestTimes(req.arrival_ns, clock.now_ns())
                 tracer.mark(ARRIVE, req.request_id)
                 sched.add(req, iteration)
             next_arrival = upto
@@ -193,14 +194,16 @@ class Engine:
     def _flush_events(self, start_ns: int, end_ns: int) -> None:
         """Stamp the scheduler's events: tokens and finishes at the iteration's end, the rest at its start.
 
-        An arrive event gets the time the engine took the request in (as its NVTX mark does), which is
-        at or after the workload's arrival time (run_requests.arrival_ns).
+        An arrive event gets the time the engine took the request in, read just before its NVTX mark,
+        which is at or after the workload's arrival time (run_requests.arrival_ns).
         """
         for ev in self.scheduler.events:
             late = ev.kind in (EventKind.FIRST_TOKEN, EventKind.TOKEN, EventKind.FINISH)
             ts = end_ns if late else start_ns
             times = self._times[ev.request_id]
-            if ev.kind in (EventKind.FINISH, EventKind.CANCEL, EventKind.REJECT):
+            if ev.kind is EventKind.ARRIVE:
+                ts = times.intake_ns
+            elif ev.kind in (EventKind.FINISH, EventKind.CANCEL, EventKind.REJECT):
                 times.finish_ns = ts
                 if ev.kind is not EventKind.FINISH:  # finishes are marked inside their step
                     self.tracer.mark(FINISH, ev.request_id)
