@@ -14,7 +14,8 @@ import duckdb
 import pyarrow as pa
 
 from itertrace.errors import UserError
-from itertrace.queries.catalog import SOURCE_TABLES, Module, Query, all_params, closure, modules, queries
+from itertrace.ingest.sqldoc import comment_statements
+from itertrace.queries.catalog import SOURCE_TABLES, Query, all_params, modules, queries, requires
 
 _CREATE = re.compile(r"^CREATE (MACRO|VIEW) ", re.IGNORECASE | re.MULTILINE)
 
@@ -61,7 +62,7 @@ class QueryDB:
             if table in self.missing:
                 raise UserError(f"{self.path}: query {name} needs table {table}, which this database does not have "
                                 f"(it comes from {SOURCE_TABLES[table]})")
-        if any(m.name == "mapping" for m in query.needs):
+        if query.uses_mapping:
             self.sql("SELECT * FROM mapping")  # fails with a message when the mapping is incomplete
         return query
 
@@ -89,12 +90,18 @@ def install(con: duckdb.DuckDBPyConnection, *, persist: bool = False) -> dict[st
     """
     present = _tables(con)
     missing = {t: SOURCE_TABLES[t] for t in SOURCE_TABLES if t not in present}
-    skipped: set[str] = set()
+    replace = "CREATE OR REPLACE " if persist else "CREATE OR REPLACE TEMP "
+    installed: set[str] = set()
     for mod in modules():
-        if any(t in missing for t in mod.tables) or any(u in skipped for u in mod.uses):
-            skipped.add(mod.name)
-            continue
-        _run(con, mod, persist)
+        for d in mod.definitions:
+            if any(t in missing for t in requires(d.name)[0]):
+                continue
+            con.execute(_CREATE.sub(lambda m: replace + m.group(1).upper() + " ", d.statement, count=1))
+            installed.add(d.name)
+        if persist:
+            for statement in comment_statements(mod.sql):
+                if statement.split()[3].split(".")[0] in installed:
+                    con.execute(statement)
     return missing
 
 
@@ -119,22 +126,12 @@ def set_params(con: duckdb.DuckDBPyConnection, params: dict[str, str]) -> None:
                 raise UserError(f"parameter {name} must be a number, not {value!r}") from None
         else:
             typed = value
-        con.execute(f"SET VARIABLE {name} = ?", [typed])
+        con.execute(f'SET VARIABLE "{name}" = ?', [typed])
 
 
 def query_params(name: str) -> dict[str, str]:
     """Parameters the query `name` reads, with their documentation."""
     return {p.name: p.doc for p in queries()[name].params}
-
-
-def _run(con: duckdb.DuckDBPyConnection, mod: Module, persist: bool) -> None:
-    replace = "CREATE OR REPLACE " if persist else "CREATE OR REPLACE TEMP "
-    for statement in mod.statements:
-        con.execute(_CREATE.sub(lambda m: replace + m.group(1).upper() + " ", statement, count=1))
-    if persist:
-        from itertrace.ingest.sqldoc import comment_statements
-        for statement in comment_statements(mod.sql):
-            con.execute(statement)
 
 
 def _tables(con: duckdb.DuckDBPyConnection) -> set[str]:
@@ -160,4 +157,4 @@ def _explain(exc: duckdb.Error, missing: dict[str, str], path: Path) -> str:
             if lacking:
                 return (f"{path}: view {name} is not available: this database has no table {lacking[0]} "
                         f"(it comes from {missing[lacking[0]]})")
-    return re.sub(r"^\w+ Error: ", "", line)
+    return re.sub(r"^[\w ]+ Error: ", "", line)

@@ -29,6 +29,9 @@ SOURCE_TABLES: dict[str, str] = {
 
 _PARAM = re.compile(r"^--\s*@param\s+(\w+)\s+(VARCHAR|BIGINT|DOUBLE)\s+(?:\(([\w|]+)\)\s+)?(.*)$")
 _DEFINES = re.compile(r"^CREATE (MACRO|VIEW) (\w+)", re.IGNORECASE | re.MULTILINE)
+_READS = re.compile(r"\b(?:FROM|JOIN)\s+(\w+)", re.IGNORECASE)
+_CALLS = re.compile(r"\b(\w+)\(")
+_VARIABLES = re.compile(r"getvariable\('(\w+)'\)")
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,17 @@ class Param:
     type: str  # VARCHAR, BIGINT or DOUBLE
     choices: tuple[str, ...]  # allowed values; empty for any
     doc: str
+
+
+@dataclass(frozen=True)
+class Definition:
+    """One macro or view of a module: the statement that creates it and the names it reads."""
+
+    name: str
+    module: str
+    statement: str
+    reads: frozenset[str]  # views, tables and macros it names
+    variables: frozenset[str]  # parameters it reads with getvariable()
 
 
 @dataclass(frozen=True)
@@ -54,6 +68,7 @@ class Module:
     params: tuple[Param, ...]
     uses: tuple[str, ...]  # modules it reads, directly
     tables: tuple[str, ...]  # source tables it reads, directly
+    definitions: tuple[Definition, ...]  # in file order
 
 
 def _code(sql: str) -> str:
@@ -87,13 +102,16 @@ def modules() -> tuple[Module, ...]:
     out: dict[str, Module] = {}
     for name, sql in raw.items():
         code = _code(sql)
-        words = set(re.findall(r"\b\w+\b", code))
+        # A module reads a view or table where it names one after FROM or JOIN, and a macro where it calls it.
+        read = set(_READS.findall(code)) | set(_CALLS.findall(code))
         uses = tuple(other for other, names in defined.items()
-                     if other != name and any(n in words for n in names))
-        tables = tuple(t for t in SOURCE_TABLES if t in words)
+                     if other != name and any(n in read for n in names))
+        tables = tuple(t for t in SOURCE_TABLES if t in read)
         doc, params = _header(sql)
         views = tuple(d for d in table_docs(sql) if d.kind == "VIEW" and not d.table.startswith("_"))
-        out[name] = Module(name, doc, sql, tuple(statements(sql)), defined[name], views, params, uses, tables)
+        stmts = tuple(statements(sql))
+        definitions = tuple(_definition(name, statement) for statement in stmts)
+        out[name] = Module(name, doc, sql, stmts, defined[name], views, params, uses, tables, definitions)
     ordered: list[Module] = []
 
     def visit(name: str, path: tuple[str, ...]) -> None:
@@ -110,22 +128,47 @@ def modules() -> tuple[Module, ...]:
     return tuple(ordered)
 
 
-def module(name: str) -> Module:
-    return next(m for m in modules() if m.name == name)
+def _definition(module_name: str, statement: str) -> Definition:
+    code = _code(statement)
+    created = _DEFINES.search(code)
+    if created is None:
+        raise RuntimeError(f"queries/{module_name}.sql: a statement that defines no macro or view:\n{statement}")
+    reads = set(_READS.findall(code)) | set(_CALLS.findall(code))
+    return Definition(created.group(2), module_name, statement, frozenset(reads - {created.group(2)}),
+                      frozenset(_VARIABLES.findall(code)))
 
 
-def closure(name: str) -> tuple[Module, ...]:
-    """The module and every module it uses, directly or not, in installation order."""
-    wanted: set[str] = set()
+@cache
+def definitions() -> dict[str, Definition]:
+    """Every macro and view of the library, by name, in installation order."""
+    return {d.name: d for m in modules() for d in m.definitions}
+
+
+def requires(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The source tables and the parameters the definition `name` reads, directly or through others."""
+    defs = definitions()
+    seen: set[str] = set()
+    tables: dict[str, None] = {}
+    variables: dict[str, None] = {}
 
     def walk(n: str) -> None:
-        if n not in wanted:
-            wanted.add(n)
-            for used in module(n).uses:
-                walk(used)
+        if n in seen:
+            return
+        seen.add(n)
+        d = defs[n]
+        variables.update(dict.fromkeys(sorted(d.variables)))
+        for read in sorted(d.reads):
+            if read in defs:
+                walk(read)
+            elif read in SOURCE_TABLES:
+                tables[read] = None
 
     walk(name)
-    return tuple(m for m in modules() if m.name in wanted)
+    return tuple(tables), tuple(variables)
+
+
+def module(name: str) -> Module:
+    return next(m for m in modules() if m.name == name)
 
 
 @dataclass(frozen=True)
@@ -144,16 +187,19 @@ class Query:
         return text if end < 0 else text[: end + 1]
 
     @property
-    def needs(self) -> tuple[Module, ...]:
-        return closure(self.module.name)
-
-    @property
     def tables(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(t for m in self.needs for t in m.tables))
+        """Source tables it reads, directly or through other views."""
+        return requires(self.name)[0]
 
     @property
     def params(self) -> tuple[Param, ...]:
-        return tuple(p for m in self.needs for p in m.params)
+        """Parameters it reads, directly or through other views and macros."""
+        reads = set(requires(self.name)[1])
+        return tuple(p for p in all_params().values() if p.name in reads)
+
+    @property
+    def uses_mapping(self) -> bool:
+        return any(p.name == "step_pattern" for p in self.params)
 
 
 @cache

@@ -1,7 +1,8 @@
--- Iterations as a trace shows them: each iteration's host interval (its step range) and device
--- interval (on CUDA, the GPU projection of the work launched inside the step; on a run without GPU
--- work, the device-pattern range inside the step, this engine's `forward`). Range names come from
--- the mapping (mapping.sql), so the same SQL serves other programs' traces.
+-- Iterations as a trace shows them, each with a host and a device interval. The host interval is
+-- the step range. The device interval is, on CUDA, the GPU projection of the work launched inside
+-- the step, and on a run without GPU work, the device-pattern range inside the step (this engine's
+-- `forward`). Range names come from the mapping (mapping.sql), so the same SQL serves other
+-- programs' traces.
 
 -- The step ranges the mapping names, numbered as it says.
 CREATE VIEW _iterations_steps AS

@@ -1,0 +1,163 @@
+"""`itertrace query` (the library's views by name) and `itertrace sql` (any SQL over them)."""
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from pathlib import Path
+
+from itertrace.errors import UserError
+from itertrace.queries.api import QueryDB, connect, install, set_params
+from itertrace.queries.catalog import all_params, modules, queries
+from itertrace.queries.output import FORMATS, write
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `query` and `sql` subcommands."""
+    q = subparsers.add_parser(
+        "query", help="run a query of the library by name (--list lists them)",
+        usage="itertrace query --list | NAME --describe | NAME --db FILE [options] | --install --db FILE",
+        description=("Run one of the library's queries (SQL views over a database made by `itertrace ingest`): "
+                     "host gaps and their attribution, iteration intervals, request latency from the run log "
+                     "and from the trace, latency by class, batch membership and slots, fairness, scheduler "
+                     "overhead. The database is opened read-only."))
+    q.add_argument("name", nargs="?", metavar="NAME", help="query to run (see --list)")
+    q.add_argument("--list", action="store_true", help="list the queries, one line each")
+    q.add_argument("--describe", action="store_true", help="show what NAME answers, its columns and parameters")
+    q.add_argument("--install", action="store_true",
+                   help="write every view into --db, so that any DuckDB client sees them (the only write)")
+    _common(q)
+    q.set_defaults(func=run_query)
+
+    s = subparsers.add_parser(
+        "sql", help="run any SQL over a database with the library's views installed",
+        description="Run one SQL statement over a database and the library's views (read-only).")
+    s.add_argument("statement", metavar="SQL", help='the statement, e.g. "SELECT * FROM host_gaps_summary"')
+    _common(s)
+    s.set_defaults(func=run_sql)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--db", type=Path, metavar="FILE", help="database made by `itertrace ingest`")
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="set a parameter, e.g. preset=generic or step_pattern='^decode_step_\\d+$' "
+                             "(repeatable)")
+    parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
+    parser.add_argument("--out", type=Path, metavar="FILE", help="write to FILE instead of standard output")
+    parser.add_argument("--max-rows", type=int, default=40, metavar="N",
+                        help="rows the table format shows on a terminal (default %(default)s)")
+
+
+def run_query(args: argparse.Namespace) -> int:
+    if args.list:
+        _list()
+        return 0
+    if args.install:
+        return _install(args)
+    if not args.name:
+        raise UserError("query: give a query NAME, or --list to see them")
+    query = queries().get(args.name)
+    if query is None:
+        close = difflib.get_close_matches(args.name, list(queries()), n=1)
+        hint = f"; did you mean {close[0]}?" if close else "; `itertrace query --list` lists them"
+        raise UserError(f"unknown query {args.name!r}{hint}")
+    if args.describe:
+        print(describe(args.name))
+        return 0
+    params = _params(args.param)
+    takes = {p.name for p in query.params}
+    for name in params:
+        if name not in takes:
+            raise UserError(f"query {args.name} takes no parameter {name!r} "
+                            f"(it takes: {', '.join(sorted(takes)) or 'none'})")
+    with QueryDB(_db(args), params) as db:
+        db.check(args.name)
+        rows = _write(db, f"SELECT * FROM {args.name}", args)
+    _done(rows, args.out)
+    return 0
+
+
+def run_sql(args: argparse.Namespace) -> int:
+    with QueryDB(_db(args), _params(args.param)) as db:
+        rows = _write(db, args.statement.strip().rstrip(";"), args)
+    _done(rows, args.out)
+    return 0
+
+
+def describe(name: str) -> str:
+    """What a query answers, its columns and its parameters, as text."""
+    query = queries()[name]
+    lines = [f"{name}: {query.doc.text}", "", "columns:"]
+    width = max(len(c) for c in query.doc.columns)
+    lines += [f"  {col.ljust(width)}  {text}" for col, text in query.doc.columns.items()]
+    if query.params:
+        lines += ["", "parameters (--param KEY=VALUE):"]
+        lines += [f"  {p.name}: {p.doc}" + (f" One of: {', '.join(p.choices)}." if p.choices else "")
+                  for p in query.params]
+    lines += ["", f"needs tables: {', '.join(query.tables)}", f"defined in: queries/{query.module.name}.sql"]
+    return "\n".join(lines)
+
+
+def _list() -> None:
+    width = max(len(n) for n in queries())
+    for mod in modules():
+        if not mod.views:
+            continue
+        print(f"{mod.name}.sql: {_first_sentence(mod.doc)}")
+        for doc in mod.views:
+            print(f"  {doc.table.ljust(width)}  {queries()[doc.table].summary}")
+
+
+def _first_sentence(text: str) -> str:
+    end = text.find(". ")
+    return text if end < 0 else text[: end + 1]
+
+
+def _install(args: argparse.Namespace) -> int:
+    con = connect(_db(args), read_only=False)
+    try:
+        missing = install(con, persist=True)
+        set_params(con, _params(args.param))
+    finally:
+        con.close()
+    installed = [q for q in queries().values() if not any(t in missing for t in q.tables)]
+    print(f"itertrace: installed {len(installed)} views into {args.db}; in DuckDB, parameters are "
+          "`SET VARIABLE name = value` (see `itertrace query NAME --describe`)", file=sys.stderr)
+    return 0
+
+
+def _write(db: QueryDB, sql: str, args: argparse.Namespace) -> int:
+    try:
+        return write(db.con, sql, args.format, args.out, max_rows=args.max_rows)
+    except UserError:
+        raise
+    except Exception as exc:  # a DuckDB error while running the statement
+        import duckdb
+        if isinstance(exc, duckdb.Error):
+            from itertrace.queries.api import _explain
+            raise UserError(_explain(exc, db.missing, db.path)) from None
+        raise
+
+
+def _db(args: argparse.Namespace) -> Path:
+    if args.db is None:
+        raise UserError("--db FILE is required: the database made by `itertrace ingest`")
+    return args.db
+
+
+def _params(pairs: list[str]) -> dict[str, str]:
+    params: dict[str, str] = {}
+    known = all_params()
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UserError(f"--param {pair!r}: expected KEY=VALUE")
+        if key not in known:
+            raise UserError(f"--param {key}: unknown parameter; parameters: {', '.join(sorted(known))}")
+        params[key] = value
+    return params
+
+
+def _done(rows: int, out: Path | None) -> None:
+    if out is not None:
+        print(f"itertrace: wrote {rows:,} rows to {out}", file=sys.stderr)

@@ -1,0 +1,24 @@
+"""Fixtures shared by several test files: the sample captures, ingested once per session."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
+
+
+@pytest.fixture(scope="session")
+def sample_dbs(tmp_path_factory) -> dict[str, Path]:
+    """{'static': db, 'continuous': db}: each worked-example sample's run log and capture in one database."""
+    if shutil.which("nsys") is None:
+        pytest.skip("nsys (Nsight Systems) is not installed: the sample reports cannot be exported")
+    from itertrace.ingest import ingest
+    folder = tmp_path_factory.mktemp("samples")
+    dbs = {}
+    for mode in ("static", "continuous"):
+        sample = SAMPLES / f"worked-example-{mode}"
+        dbs[mode] = folder / f"{mode}.duckdb"
+        ingest([sample / "run", sample / "report.nsys-rep"], dbs[mode])
+    return dbs
