@@ -12,7 +12,8 @@ import sys
 from itertrace.errors import UserError
 
 # Subpackages whose cli.py contributes subcommands, in the order `--help` lists them.
-_PARTS = ("itertrace.profiler.cli", "itertrace.ingest.cli", "itertrace.queries.cli", "itertrace.dashboards.cli")
+_PARTS = ("itertrace.profiler.cli", "itertrace.ingest.cli", "itertrace.queries.cli", "itertrace.dashboards.cli",
+          "itertrace.demo")
 
 
 class _Parser(argparse.ArgumentParser):

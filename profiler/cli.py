@@ -48,11 +48,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--format", choices=("table", "json"), default="table")
     e.set_defaults(func=cmd_experiment)
 
-    d = sub.add_parser("demo", help="the seed's experiments and a live torch run, on the built-in defaults")
-    d.add_argument("--out", type=Path, default=Path("out/demo"), help="where the run logs go (replaced)")
-    d.add_argument("--requests", type=_positive, default=4000, help="slot-time requests per workload (simulated)")
-    d.set_defaults(func=cmd_demo)
-
     c = sub.add_parser("calibrate", help="fit the simulated runner's cost model to the torch runner here")
     _engine_flags(c)
     c.add_argument("--out", type=Path, default=Path("cost-model.json"))
@@ -210,24 +205,4 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print(f"fixed {cost.fixed_ns / 1e6:.3f} ms + {cost.per_token_ns / 1e3:.2f} us/token + "
           f"{cost.per_context_token_ns:.1f} ns/context token (R^2 {stats['r2']:.3f}, "
           f"{stats['iterations']} iterations); wrote {args.out}")
-    return 0
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    """Worked example, slot-time and fairness on the simulated runner, then a short live torch run."""
-    out = args.out
-    if out.exists():
-        shutil.rmtree(out)
-    spec = RunSpec()
-    for name, result in (
-        ("worked example", experiments.worked_example(spec, out)),
-        ("stranded slot-time", experiments.slot_time(spec, args.requests, out)),
-        ("fairness", experiments.fairness(spec, out=out)),
-    ):
-        print(f"== {name} ==\n{format_experiment(result)}\n", flush=True)
-    live = replace(spec, runner="torch", scheduler=replace(spec.scheduler, max_num_seqs=8))
-    reqs = wl.build_requests(wl.worked_example(short=16, long=64, waiting=8), seed=0)
-    run(live, reqs, run_dir=out / "live-torch", workload="worked-example (short)")
-    meta = json.loads((out / "live-torch" / "run.json").read_text())
-    print(f"== live torch run ({meta['device']}) ==\n{format_summary(meta['summary'], 'torch', str(out / 'live-torch'))}")
     return 0
