@@ -4,11 +4,12 @@
 -- their device start. A gap runs from the latest device end so far to the next device start; when
 -- the next iteration's device work starts before that (overlapping device work), the gap is 0. So
 -- a track's gaps never overlap one another. A gap is split among the host-phase ranges that overlap
--- it: leaf push/pop ranges (ranges with no child) on the track's thread that match the phase
--- pattern. Leaves on one thread never overlap (push/pop ranges nest), so the parts of a gap never
--- count an instant twice, and what no leaf covers is the `unattributed` part: the parts of a gap
--- always add up to the gap. Start/end ranges, which may overlap, take no part; a leaf still open
--- when the capture stopped covers everything after its start.
+-- it: leaf push/pop ranges on the track's thread that match the phase pattern, a leaf being one
+-- that holds no other such range (ranges of other names or domains inside it, such as a library's
+-- own, leave it a leaf). Leaves on one thread never overlap (push/pop ranges nest), so the parts of
+-- a gap never count an instant twice, and what no leaf covers is the `unattributed` part: the parts
+-- of a gap always add up to the gap. Start/end ranges, which may overlap, take no part; a leaf
+-- still open when the capture stopped covers everything after its start.
 --
 -- Leaves and gaps are matched by two sort-based ASOF joins rather than an interval join: a leaf
 -- overlaps the gap that started last at or before the leaf's start (if that gap ends after it), and
@@ -59,19 +60,28 @@ FROM ordered
 WHERE busy_until_ns IS NOT NULL
 ORDER BY global_tid, device_start_ns, iteration;
 
--- The host-phase leaves of the tracks' threads.
+-- The host-phase leaves of the tracks' threads. Push/pop ranges nest, so the phase range that
+-- comes next on the thread (by start, longest first) lies inside this one exactly when it starts
+-- before this one ends; a leaf is a phase range whose next one does not.
 CREATE VIEW _host_gaps_leaves AS
-SELECT
-  r.global_tid,
-  r.start_ns,
-  coalesce(r.end_ns, 9223372036854775807) AS end_ns,
-  mapping_phase_name(r.text) AS phase
-FROM nvtx_ranges AS r
-WHERE r.range_kind = 'push_pop'
-  AND regexp_matches(r.text, mapping_phase_pattern())
-  AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
-  AND r.global_tid IN (SELECT global_tid FROM _iterations_steps)
-  AND r.range_id NOT IN (SELECT parent_range_id FROM nvtx_ranges WHERE parent_range_id IS NOT NULL);
+WITH
+  phases AS (
+    SELECT
+      r.global_tid,
+      r.start_ns,
+      coalesce(r.end_ns, 9223372036854775807) AS end_ns,
+      mapping_phase_name(r.text) AS phase,
+      lead(r.start_ns) OVER (PARTITION BY r.global_tid ORDER BY r.start_ns, r.end_ns DESC NULLS FIRST, r.range_id)
+        AS next_start_ns
+    FROM nvtx_ranges AS r
+    WHERE r.range_kind = 'push_pop'
+      AND regexp_matches(r.text, mapping_phase_pattern())
+      AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
+      AND r.global_tid IN (SELECT global_tid FROM _iterations_steps)
+  )
+SELECT global_tid, start_ns, end_ns, phase
+FROM phases
+WHERE next_start_ns IS NULL OR next_start_ns >= end_ns;
 
 -- Every (gap, leaf) overlap, with its length.
 CREATE VIEW _host_gaps_overlaps AS
@@ -273,10 +283,11 @@ WITH
     SELECT * FROM ranked WHERE rank <= coalesce(getvariable('limit')::BIGINT, 10)
   ),
   top_part AS (
-    SELECT p.global_tid, p.iteration, arg_max(p.phase, p.dur_ns) AS phase, max(p.dur_ns) AS dur_ns
+    -- The longest part of each of those gaps; of parts equally long, the first by name.
+    SELECT p.global_tid, p.iteration, p.phase, p.dur_ns
     FROM host_gaps_parts AS p
     SEMI JOIN worst AS w ON w.global_tid = p.global_tid AND w.iteration = p.iteration
-    GROUP BY p.global_tid, p.iteration
+    QUALIFY row_number() OVER (PARTITION BY p.global_tid, p.iteration ORDER BY p.dur_ns DESC, p.phase) = 1
   )
 SELECT w.rank, w.global_tid, w.prev_iteration, w.iteration, w.gap_ns, t.phase, t.dur_ns
 FROM worst AS w

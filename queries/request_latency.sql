@@ -62,16 +62,15 @@ CREATE VIEW request_latency_trace_tokens (
   ts_ns
 ) AS
 WITH
-  numbered AS (
-    SELECT *, row_number() OVER (PARTITION BY request_id, delta ORDER BY iteration) AS k
-    FROM _request_latency_token_changes
-  ),
-  -- Each stretch of iterations [first, stop) in which the request got a token every iteration.
+  added AS (SELECT request_id, iteration FROM _request_latency_token_changes WHERE delta = 1),
+  removed AS (SELECT request_id, iteration FROM _request_latency_token_changes WHERE delta = -1),
+  -- Each stretch of iterations [first, stop) in which the request got a token every iteration: from
+  -- an addition to the first removal after it (a sort-based ASOF join; a removal with no addition
+  -- before it, as at the start of a capture begun mid-run, starts nothing).
   stretches AS (
     SELECT a.request_id, a.iteration AS first, r.iteration AS stop
-    FROM numbered AS a
-    LEFT JOIN numbered AS r ON r.request_id = a.request_id AND r.k = a.k AND r.delta = -1
-    WHERE a.delta = 1
+    FROM added AS a
+    ASOF LEFT JOIN removed AS r ON r.request_id = a.request_id AND r.iteration > a.iteration
   ),
   last_step AS (
     SELECT max(iteration) + 1 AS stop FROM iterations
@@ -87,6 +86,7 @@ SELECT
   i.host_end_ns
 FROM token_iterations AS t
 JOIN iterations AS i ON i.iteration = t.iteration
+WHERE i.host_end_ns IS NOT NULL  -- a step still open when the capture stopped made no token
 ORDER BY t.request_id, t.iteration;
 
 -- Per request: queue time, TTFT, TPOT, ITL and end-to-end latency, from the run log.
