@@ -1,1 +1,57 @@
-"""itertrace.dashboards"""
+"""itertrace.dashboards: Altair chart functions over the query library's tables, and the HTML report.
+
+Public API (each chart function takes a query's table, pyarrow or pandas, and returns an Altair
+chart; nothing shows or saves itself):
+
+- host_gap_chart(parts) / host_gap_iterations_chart(parts) / host_gap_distribution_chart(parts):
+  host_gaps_parts, the gap per iteration stacked by phase and each phase's distribution over gaps
+- iteration_timeline_chart(iterations): host and device intervals per iteration (iterations)
+- membership_chart(membership, membership_iterations): iteration by slot, coloured by request
+- active_tokens_chart(iterations, label="run"): membership_iterations of several runs, one line each
+- latency_cdf_chart(requests, label="run", by=ClassKind.PROMPT_BUCKET): latency_by_class_requests
+- fairness_progress_chart(progress, label="run"): fairness_progress of several runs
+- slot_time_chart(slot_time, workload="workload", mode="mode"): membership_slot_time of several runs
+- label_runs(tables, column="run"): one table of several runs' rows with a label column
+- build_report(dbs, labels=None, title=None) -> Report; write_report(report, out, png_dir=None) -> Written;
+  render_html(report) -> str
+"""
+from __future__ import annotations
+
+import importlib
+
+# Where each public name lives; loaded on first use, so that `itertrace` commands that draw nothing
+# do not pay for importing Altair.
+_HOMES = {
+    "ClassKind": "charts", "active_tokens_chart": "charts", "fairness_progress_chart": "charts",
+    "host_gap_chart": "charts", "host_gap_distribution_chart": "charts", "host_gap_iterations_chart": "charts",
+    "iteration_timeline_chart": "charts", "label_runs": "charts", "latency_cdf_chart": "charts",
+    "membership_chart": "charts", "slot_time_chart": "charts",
+    "Report": "report", "build_report": "report",
+    "Written": "html", "render_html": "html", "write_report": "html",
+}
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+
+
+__all__ = [
+    "ClassKind",
+    "Report",
+    "Written",
+    "active_tokens_chart",
+    "build_report",
+    "fairness_progress_chart",
+    "host_gap_chart",
+    "host_gap_distribution_chart",
+    "host_gap_iterations_chart",
+    "iteration_timeline_chart",
+    "label_runs",
+    "latency_cdf_chart",
+    "membership_chart",
+    "render_html",
+    "slot_time_chart",
+    "write_report",
+]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything itertrace needs on a fresh Debian bookworm machine:
-# Nsight Systems (Debian non-free), a virtual environment in .venv, and the package with its dev extras.
-# Idempotent: a second run only checks. Sourced by scripts/demo and scripts/test.
+# Nsight Systems (Debian non-free), a virtual environment in .venv, and the package with its dev extras;
+# with --tests also Chromium (a test renders the HTML report in it).
+# Idempotent: a second run only checks. Run by scripts/demo and scripts/test.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -24,6 +25,17 @@ SRC
     nsight-systems-target nsight-systems >/dev/null
 }
 
+install_chromium() {
+  command -v chromium >/dev/null 2>&1 && return 0
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "setup: chromium not found and cannot apt-get here; the report's browser test will skip" >&2
+    return 0
+  fi
+  echo "setup: installing Chromium from Debian" >&2
+  apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+}
+
 install_venv() {
   local venv="$root/.venv" stamp="$root/.venv/.itertrace-setup"
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
@@ -39,4 +51,5 @@ install_venv() {
 }
 
 install_nsys
+if [ "${1:-}" = "--tests" ]; then install_chromium; fi
 install_venv
