@@ -1,41 +1,131 @@
-"""`itertrace demo`: the whole product on its built-in defaults, from the seed's experiments to a report."""
+"""`itertrace demo`: the whole product on its built-in defaults, from the seed's experiments to a report.
+
+The seed's three experiments run on the simulated runner (a cost model: every table says so); a
+short live run of the torch engine is captured with Nsight Systems where it is installed; every run
+is ingested into its own database, queried, and gathered into one self-contained HTML report.
+"""
 from __future__ import annotations
 
 import argparse
-import json
+import io
 import shutil
-from dataclasses import replace
+import sys
 from pathlib import Path
 
+from itertrace.errors import UserError
+from itertrace.ingest import ingest
+from itertrace.ingest.nsys import find_nsys
+from itertrace.ingest.profile import profile_command
 from itertrace.profiler import experiments
-from itertrace.profiler import workloads as wl
-from itertrace.profiler.session import RunSpec, run
-from itertrace.profiler.summary_table import format_experiment, format_summary
+from itertrace.profiler.session import RunSpec
+from itertrace.profiler.summary_table import format_experiment
+from itertrace.queries import QueryDB
+
+# The live run: the seed's worked example on the torch runner, one CPU thread (see sample_traces/README.md).
+LIVE = ["run", "--runner", "torch", "--workload", "worked-example", "--capacity", "8", "--threads", "1", "--seed", "0"]
+
+
+# The reports, each comparing runs of one study: (file, title, run-name prefix).
+REPORTS = (
+    ("report.html", "itertrace demo: the worked example, live (torch, profiled) and simulated", "worked-example"),
+    ("slot-time.html", "itertrace demo: stranded slot-time, static vs continuous (simulated)", "slot-time"),
+    ("fairness.html", "itertrace demo: one long request among short ones, per policy (simulated)", "fairness"),
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    d = sub.add_parser("demo", help="the seed's experiments and a live torch run, on the built-in defaults")
-    d.add_argument("--out", type=Path, default=Path("out/demo"), help="where the run logs go (replaced)")
-    d.add_argument("--requests", type=int, default=4000, help="slot-time requests per workload (simulated)")
+    d = sub.add_parser(
+        "demo", help="the seed's experiments, a profiled live run, queries and the HTML report, on the defaults",
+        description=("Run the seed's worked example, stranded slot-time and fairness experiments (simulated), "
+                     "profile a live torch run of the worked example under nsys where it is installed, ingest every "
+                     "run, query them, and write one HTML report. Prints the headline tables and the report's path."))
+    d.add_argument("--out", type=Path, default=Path("out/demo"), help="folder for runs, databases and the report "
+                   "(replaced; default %(default)s)")
+    d.add_argument("--requests", type=int, default=4000, help="slot-time requests per workload (default %(default)s)")
+    d.add_argument("--no-profile", action="store_true", help="run the live torch run without nsys")
     d.set_defaults(func=cmd_demo)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Worked example, slot-time and fairness on the simulated runner, then a short live torch run."""
-    out = args.out
+    out: Path = args.out
+    if args.requests < 16:
+        raise UserError(f"--requests {args.requests}: the slot-time experiment needs at least 16 (the capacity)")
     if out.exists():
+        if not (out / "report.html").exists() and any(out.iterdir()):
+            raise UserError(f"{out}: exists and is not an earlier demo's folder; give --out a new folder")
         shutil.rmtree(out)
+    runs, dbs = out / "runs", out / "db"
+    dbs.mkdir(parents=True)
     spec = RunSpec()
     for name, result in (
-        ("worked example", experiments.worked_example(spec, out)),
-        ("stranded slot-time", experiments.slot_time(spec, args.requests, out)),
-        ("fairness", experiments.fairness(spec, out=out)),
+        ("worked example (simulated)", experiments.worked_example(spec, runs)),
+        ("stranded slot-time (simulated)", experiments.slot_time(spec, args.requests, runs)),
+        ("fairness (simulated)", experiments.fairness(spec, out=runs)),
     ):
         print(f"== {name} ==\n{format_experiment(result)}\n", flush=True)
-    live = replace(spec, runner="torch", scheduler=replace(spec.scheduler, max_num_seqs=8))
-    reqs = wl.build_requests(wl.worked_example(short=16, long=64, waiting=8), seed=0)
-    run(live, reqs, run_dir=out / "live-torch", workload="worked-example (short)")
-    meta = json.loads((out / "live-torch" / "run.json").read_text())
-    print(f"== live torch run ({meta['device']}) ==\n"
-          f"{format_summary(meta['summary'], 'torch', str(out / 'live-torch'))}")
+
+    live = _live_run(out / "live", profile=not args.no_profile)
+    dbs_by_run = {run_dir.name: _ingest(run_dir, dbs)
+                  for run_dir in sorted(runs.iterdir()) if (run_dir / "run.json").is_file()}
+    print(_live_summary(live))
+
+    from itertrace.dashboards import build_report, write_report  # Altair loads only here
+    reports = []
+    for file_name, title, names in REPORTS:
+        paths, labels = zip(*[(dbs_by_run[n], n) for n in sorted(dbs_by_run) if n.startswith(names)])
+        if file_name == "report.html":
+            paths, labels = (live, *paths), ("live torch run", *labels)
+        written = write_report(build_report(list(paths), list(labels), title=title), out / file_name)
+        reports.append(written.html.resolve())
+    print(f"\nreport: {reports[0]}\n  also: {reports[1]}\n        {reports[2]}")
+    print(f"databases: {dbs.resolve()}/*.duckdb and {live.resolve()}\n"
+          f"  e.g. itertrace query host_gaps_by_phase --db {live}")
     return 0
+
+
+def _ingest(run_dir: Path, dbs: Path) -> Path:
+    db = dbs / f"{run_dir.name}.duckdb"
+    ingest([run_dir], db)
+    return db
+
+
+def _live_run(folder: Path, *, profile: bool) -> Path:
+    """The live torch run: profiled under nsys where installed; its database."""
+    command = [sys.executable, "-m", "itertrace.cli", *LIVE]
+    if profile:
+        try:
+            find_nsys(None)
+        except UserError:
+            print("== live torch run: nsys is not installed, so the run is not profiled (scripts/setup.sh "
+                  "installs it) ==", flush=True)
+        else:
+            print("== live torch run, profiled with nsys ==", flush=True)
+            return profile_command(command, folder, echo=io.StringIO()).db
+    from itertrace.cli import main
+    if main([*LIVE, "--out", str(folder / "run"), "--format", "json"]) != 0:
+        raise UserError("the live torch run failed")
+    return _ingest(folder / "run", folder)
+
+
+def _live_summary(db: Path) -> str:
+    """The headline of the live run: its latency and, from the trace, where the gaps went."""
+    with QueryDB(db) as q:
+        tables = q.tables()
+        lines = [f"== live torch run: {db} =="]
+        meta = q.sql("SELECT iterations, requests FROM run_meta").to_pylist()[0]
+        lat = q.sql("""SELECT median(ttft_ns) / 1e6 AS ttft, median(tpot_ns) / 1e6 AS tpot
+                       FROM request_latency_log""").to_pylist()[0]
+        lines.append(f"{meta['requests']} requests, {meta['iterations']} iterations; "
+                     f"TTFT p50 {lat['ttft']:.1f} ms, TPOT p50 {lat['tpot']:.2f} ms")
+        if "nvtx_ranges" in tables and q.sql("SELECT count(*) AS n FROM iterations").to_pylist()[0]["n"]:
+            gap = q.query("host_gaps_summary").to_pylist()[0]
+            lines.append(f"host gaps: {gap['gaps']} gaps, {gap['gap_share']:.1%} of the device's wall time, "
+                         f"p50 {gap['gap_p50_ns'] / 1e3:.0f} us, p99 {gap['gap_p99_ns'] / 1e3:.0f} us")
+            lines.append(f"  {'phase':<13}{'share of gaps':>14}{'p50 per gap':>14}")
+            for row in q.query("host_gaps_by_phase").to_pylist():
+                lines.append(f"  {row['phase']:<13}{row['share']:>14.1%}{row['p50_ns'] / 1e3:>11.0f} us")
+            agree = q.sql("SELECT max(abs(ttft_diff_ns)) AS ttft, max(abs(tpot_diff_ns)) AS tpot "
+                          "FROM request_latency_compare").to_pylist()[0]
+            lines.append(f"latency rebuilt from the trace alone agrees with the log: TTFT within "
+                         f"{agree['ttft'] / 1e3:.0f} us, TPOT within {agree['tpot'] / 1e3:.2f} us")
+    return "\n".join(lines)
