@@ -14,6 +14,7 @@ import duckdb
 import pyarrow as pa
 
 from itertrace.errors import UserError
+from itertrace.ingest.normalize import prefer_sort_based_joins
 from itertrace.ingest.sqldoc import comment_statements
 from itertrace.queries.catalog import SOURCE_TABLES, Query, all_params, modules, queries, requires
 
@@ -38,6 +39,7 @@ class QueryDB:
                  con: duckdb.DuckDBPyConnection | None = None) -> None:
         self.path = Path(db)
         self.con = con if con is not None else connect(self.path)
+        prefer_sort_based_joins(self.con)
         self.missing = install(self.con)
         set_params(self.con, params or {})
 

@@ -62,20 +62,27 @@ ORDER BY global_tid, device_start_ns, iteration;
 
 -- The host-phase leaves of the tracks' threads. Push/pop ranges nest, so the phase range that
 -- comes next on the thread (by start, longest first) lies inside this one exactly when it starts
--- before this one ends; a leaf is a phase range whose next one does not.
+-- before this one ends; a leaf is a phase range whose next one does not. The phase pattern and
+-- phase name are worked out once per distinct range name, not once per range (a trace holds
+-- millions of ranges but few names).
 CREATE VIEW _host_gaps_leaves AS
 WITH
+  names AS (
+    SELECT text, mapping_phase_name(text) AS phase
+    FROM (SELECT DISTINCT text FROM nvtx_ranges)
+    WHERE regexp_matches(text, mapping_phase_pattern())
+  ),
   phases AS (
     SELECT
       r.global_tid,
       r.start_ns,
       coalesce(r.end_ns, 9223372036854775807) AS end_ns,
-      mapping_phase_name(r.text) AS phase,
+      n.phase,
       lead(r.start_ns) OVER (PARTITION BY r.global_tid ORDER BY r.start_ns, r.end_ns DESC NULLS FIRST, r.range_id)
         AS next_start_ns
     FROM nvtx_ranges AS r
+    JOIN names AS n ON n.text = r.text
     WHERE r.range_kind = 'push_pop'
-      AND regexp_matches(r.text, mapping_phase_pattern())
       AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
       AND r.global_tid IN (SELECT global_tid FROM _iterations_steps)
   )

@@ -119,9 +119,16 @@ CREATE VIEW request_latency_log (
   e2e_ns
 ) AS
 WITH
+  -- The token events numbered as in request_latency_log_tokens, read here without that view's
+  -- ORDER BY, so that a query of TTFT, TPOT or token counts alone does not sort every token.
+  log_tokens AS (
+    SELECT request_id, ts_ns, row_number() OVER (PARTITION BY request_id ORDER BY iteration, ts_ns) - 1 AS token_index
+    FROM run_events
+    WHERE kind IN ('first_token', 'token')
+  ),
   gaps AS (
     SELECT request_id, token_index, ts_ns, ts_ns - lag(ts_ns) OVER (PARTITION BY request_id ORDER BY token_index) AS itl
-    FROM request_latency_log_tokens
+    FROM log_tokens
   ),
   tokens AS (
     SELECT
