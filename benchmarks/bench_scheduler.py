@@ -12,6 +12,8 @@ from __future__ import annotations
 import statistics
 import time
 
+import numpy as np
+
 from itertrace.profiler.kv import BlockManager
 from itertrace.profiler.model import ModelConfig
 from itertrace.profiler.scheduler import Scheduler, SchedulerConfig
@@ -39,7 +41,7 @@ def bench(n: int, iters: int) -> dict[str, float]:
         t1 = time.perf_counter_ns()
         runner.prepare(d.batch)
         t2 = time.perf_counter_ns()
-        tokens = dict.fromkeys(d.batch.request_ids[d.batch.sample].tolist(), 65)
+        tokens = np.full(len(d.batch.sampled_ids), 65)
         t3 = time.perf_counter_ns()
         sched.postprocess(d, tokens, it)
         t4 = time.perf_counter_ns()

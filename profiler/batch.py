@@ -75,6 +75,11 @@ class Batch:
         return self.start_pos + self.num_tokens
 
     @cached_property
+    def sampled_ids(self) -> np.ndarray:
+        """[sampled] request ids of the sequences with sample=True, in batch order (tokens come in this order)."""
+        return self.request_ids[self.sample]
+
+    @cached_property
     def seqs(self) -> tuple[SeqWork, ...]:
         ends = np.cumsum(self.num_tokens)
         out = []
@@ -128,7 +133,7 @@ class Runner(Protocol):
 
     `prepare` builds device inputs (positions, slot mapping, block tables), `forward` runs the model
     and returns logits for the sequences with `sample=True` (in batch order), `sample` turns those
-    logits into one token id per sampling sequence, keyed by request id.
+    logits into one token id per sampling sequence: an int64 array in the same order.
     """
 
     name: str
@@ -138,7 +143,7 @@ class Runner(Protocol):
 
     def forward(self, prepared: object) -> object: ...
 
-    def sample(self, batch: Batch, logits: object) -> dict[int, int]: ...
+    def sample(self, batch: Batch, logits: object) -> np.ndarray: ...
 
     def swap(self, plan: SwapPlan) -> None: ...
 

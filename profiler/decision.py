@@ -5,6 +5,8 @@ import enum
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
+
 from itertrace.profiler.batch import Batch, SwapPlan
 from itertrace.profiler.policies import Policy
 from itertrace.profiler.request import PreemptKind, Reason, Request
@@ -47,6 +49,14 @@ class Event(NamedTuple):
     kind: EventKind
     reason: Reason | None = None
     tokens: int = 0  # prefill chunk size, or 1 for a token
+
+
+class TokenEvents(NamedTuple):
+    """`first_token` and `token` events of consecutive sampled rows, one per row (tokens=1 each), in batch order."""
+
+    iteration: int
+    request_ids: np.ndarray  # [n] int64
+    first: np.ndarray  # [n] bool: the request's first token (kind first_token), else kind token
 
 
 @dataclass(frozen=True)

@@ -2,31 +2,59 @@
 from __future__ import annotations
 
 import bisect
+import gc
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from itertrace.profiler.batch import Runner
+from itertrace.profiler.batch import Batch, Runner
 from itertrace.profiler.nvtx_ranges import ADMIT, ARRIVE, FINISH, PhaseName, Tracer
 from itertrace.profiler.request import Request
 from itertrace.profiler.runlog import RunLog
-from itertrace.profiler.scheduler import Decision, EventKind, Scheduler
-from itertrace.profiler.tokenizer import IncrementalDetokenizer
+from itertrace.profiler.scheduler import Decision, EventKind, Scheduler, TokenEvents
+from itertrace.profiler.tokenizer import IncrementalDetokenizer, decode
+
+NO_TIME = np.iinfo(np.int64).min  # no token yet
+
+
+def _within(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """[len(values)] bool: each value is in `sorted_set` (sorted, unique)."""
+    if not len(sorted_set):
+        return np.zeros(len(values), dtype=bool)
+    at = np.minimum(sorted_set.searchsorted(values), len(sorted_set) - 1)
+    return sorted_set[at] == values
+
+
+class _IdArray:
+    """Id lists and arrays as compact int64 arrays, converted once per distinct object.
+
+    The scheduler hands out the same member list and batch arrays for as long as they hold, so the
+    iteration rows waiting for their row group share one array each instead of a copy per row.
+    """
+
+    def __init__(self) -> None:
+        self._source: object = None
+        self._array = np.empty(0, dtype=np.int64)
+
+    def __call__(self, ids: list[int] | np.ndarray) -> np.ndarray:
+        if ids is not self._source and (len(ids) or len(self._array)):  # one empty array serves all empty lists
+            self._source, self._array = ids, np.array(ids, dtype=np.int64)
+        return self._array
 
 
 class NoProgress(RuntimeError):
     """The scheduler holds work but can run none of it, and no arrival can change that."""
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestTimes:
     """Per-request clock readings the summary needs (the run log holds the full story)."""
 
     arrival_ns: int
     intake_ns: int  # when the engine took it in (its arrive mark): at or after arrival_ns
     first_token_ns: int | None = None
-    last_token_ns: int | None = None
+    last_token_ns: int | None = None  # set when the run ends
     finish_ns: int | None = None  # when it reached a terminal state
     token_ns: list[int] = field(default_factory=list)  # filled only with keep_tokens
     token_iterations: list[int] = field(default_factory=list)
@@ -62,18 +90,34 @@ class Engine:
         self.keep_tokens = keep_tokens
         self.progress = progress
         self.on_iteration = on_iteration  # called with (decision, start_ns, end_ns) after each iteration
+        # A real engine streams each token's text to its client; the simulated runner has no client,
+        # so its text is decoded once, when the request row is written (the same text).
+        self._stream_text = not runner.simulated
         self._detok: dict[int, IncrementalDetokenizer] = {}
         self._text: dict[int, list[str]] = {}
         self._times: dict[int, RequestTimes] = {}
+        self._ids = np.empty(0, dtype=np.int64)  # every request id, sorted: rows of _last_token_ns
+        self._last_token_ns = np.empty(0, dtype=np.int64)
         self._getting_tokens = np.empty(0, dtype=np.int64)  # sorted ids that got a token last iteration
+        self._member_ids, self._scheduled_ids, self._finished_ids = _IdArray(), _IdArray(), _IdArray()
 
     def run(self, requests: Iterable[Request]) -> RunResult:
+        """Run the requests until every one reaches a terminal state."""
+        gc.freeze()  # the requests live for the whole run: spare them the collector's full passes
+        try:
+            return self._run(requests)
+        finally:
+            gc.unfreeze()
+
+    def _run(self, requests: Iterable[Request]) -> RunResult:
         pending = sorted(requests, key=lambda r: (r.arrival_ns, r.request_id))
         cancels: dict[int, list[int]] = {}
         for req in pending:
             if req.cancel_at_iteration is not None:
                 cancels.setdefault(req.cancel_at_iteration, []).append(req.request_id)
         arrivals = [r.arrival_ns for r in pending]
+        self._ids = np.sort(np.fromiter((r.request_id for r in pending), dtype=np.int64, count=len(pending)))
+        self._last_token_ns = np.full(len(pending), NO_TIME, dtype=np.int64)
         sched, clock, tracer = self.scheduler, self.clock, self.tracer
         cfg = sched.config
         next_arrival, iteration, idle_runs = 0, 0, 0
@@ -129,18 +173,19 @@ class Engine:
                 tokens = self.runner.sample(decision.batch, logits)
             t_samp = clock.now_ns()
             with tracer.phase(PhaseName.DETOKENIZE):
-                self._detokenize(tokens)
+                if self._stream_text:
+                    self._detokenize(decision.batch, tokens)
             t_detok = clock.now_ns()
             with tracer.phase(PhaseName.POSTPROCESS):
                 for req in sched.postprocess(decision, tokens, iteration):
                     tracer.mark(FINISH, req.request_id)  # inside its step: it finished this iteration
                 batch = decision.batch
-                self._mark_tokens(iteration, np.sort(batch.request_ids[batch.sample]))
+                self._mark_tokens(iteration, np.sort(batch.sampled_ids))
             end = clock.now_ns()
             tracer.pop()
 
             self._flush_events(start, end)
-            idle = cfg.max_num_seqs - len(decision.work)
+            idle = cfg.max_num_seqs - decision.batch.num_seqs
             result.idle_slot_iterations += idle
             result.idle_finished += len(decision.finished_member_ids)
             if queued:
@@ -157,6 +202,9 @@ class Engine:
                 self.progress(iteration, next_arrival)
         result.iterations = iteration
         result.end_ns = clock.now_ns()
+        for rid, last in zip(self._ids.tolist(), self._last_token_ns.tolist()):
+            if last != NO_TIME:
+                self._times[rid].last_token_ns = last
         if self.log is not None:
             for req in pending:
                 self.log.request(self._request_row(req))
@@ -171,13 +219,13 @@ class Engine:
     def _mark_tokens(self, iteration: int, getting: np.ndarray) -> None:
         """A `tokens` mark when the set of requests that got a token differs from the last iteration's."""
         previous = self._getting_tokens
-        if not np.array_equal(getting, previous):
-            self.tracer.tokens(iteration, np.setdiff1d(getting, previous, assume_unique=True).tolist(),
-                               np.setdiff1d(previous, getting, assume_unique=True).tolist())
+        if len(getting) != len(previous) or not (getting == previous).all():
+            self.tracer.tokens(iteration, getting[~_within(getting, previous)].tolist(),
+                               previous[~_within(previous, getting)].tolist())
             self._getting_tokens = getting
 
-    def _detokenize(self, tokens: dict[int, int]) -> None:
-        for rid, token in tokens.items():
+    def _detokenize(self, batch: Batch, tokens: np.ndarray) -> None:
+        for rid, token in zip(batch.sampled_ids.tolist(), tokens.tolist()):
             detok = self._detok.get(rid)
             if detok is None:
                 detok = self._detok[rid] = IncrementalDetokenizer()
@@ -198,8 +246,10 @@ class Engine:
         which is at or after the workload's arrival time (run_requests.arrival_ns).
         """
         for ev in self.scheduler.events:
-            late = ev.kind in (EventKind.FIRST_TOKEN, EventKind.TOKEN, EventKind.FINISH)
-            ts = end_ns if late else start_ns
+            if type(ev) is TokenEvents:
+                self._stamp_tokens(ev, end_ns)
+                continue
+            ts = end_ns if ev.kind is EventKind.FINISH else start_ns
             times = self._times[ev.request_id]
             if ev.kind is EventKind.ARRIVE:
                 ts = times.intake_ns
@@ -208,17 +258,26 @@ class Engine:
                 if ev.kind is not EventKind.FINISH:  # finishes are marked inside their step
                     self.tracer.mark(FINISH, ev.request_id)
                 self._end(ev.request_id)
-            elif late:
-                if times.first_token_ns is None:
-                    times.first_token_ns = ts
-                times.last_token_ns = ts
-                if self.keep_tokens:
-                    times.token_ns.append(ts)
-                    times.token_iterations.append(ev.iteration)
             if self.log is not None:
                 self.log.event(ev.request_id, ev.iteration, ts, ev.kind.value,
                                ev.reason.value if ev.reason is not None else None, ev.tokens)
         self.scheduler.events.clear()
+
+    def _stamp_tokens(self, ev: TokenEvents, ts: int) -> None:
+        """Token events, all at the iteration's end: first-token times, last-token times, the log rows."""
+        ids = ev.request_ids
+        for rid in ids[ev.first].tolist():
+            times = self._times[rid]
+            if times.first_token_ns is None:
+                times.first_token_ns = ts
+        self._last_token_ns[self._ids.searchsorted(ids)] = ts
+        if self.keep_tokens:
+            for rid in ids.tolist():
+                times = self._times[rid]
+                times.token_ns.append(ts)
+                times.token_iterations.append(ev.iteration)
+        if self.log is not None:
+            self.log.token_events(ids, ev.iteration, ts, ev.first)
 
     def _iteration_row(self, d: Decision, start: int, end: int, marks: tuple[int, ...], queued: int,
                        preempted: int) -> dict:
@@ -230,8 +289,8 @@ class Engine:
             "iteration": d.iteration, "start_ns": start, "end_ns": end, "dur_ns": end - start,
             "schedule_ns": t_sched - start, "prepare_ns": t_prep - t_sched, "forward_ns": t_fwd - t_prep,
             "sample_ns": t_samp - t_fwd, "detokenize_ns": t_detok - t_samp, "postprocess_ns": end - t_detok,
-            "member_ids": d.member_ids, "scheduled_ids": d.batch.request_ids.tolist(),
-            "finished_member_ids": d.finished_member_ids, "num_seqs": len(d.work),
+            "member_ids": self._member_ids(d.member_ids), "scheduled_ids": self._scheduled_ids(d.batch.request_ids),
+            "finished_member_ids": self._finished_ids(d.finished_member_ids), "num_seqs": len(d.work),
             "prefill_tokens": d.prefill_tokens, "decode_tokens": d.decode_tokens,
             "slots_finished": len(d.finished_member_ids), "slots_stalled": len(d.stalled_member_ids),
             "slots_empty": sched.config.max_num_seqs - len(d.member_ids),
@@ -253,7 +312,7 @@ class Engine:
             "first_scheduled_iteration": req.first_scheduled_iteration, "num_preemptions": req.num_preemptions,
             "first_token_ns": times.first_token_ns if times else None,
             "finish_ns": times.finish_ns if times else None,
-            "text": "".join(self._text.get(req.request_id, ())),
+            "text": "".join(self._text.get(req.request_id, ())) if self._stream_text else decode(req.output_ids),
             "simulated": bool(self.runner.simulated),
         }
 

@@ -34,6 +34,14 @@ class BlockPool:
             self._owner[b] = owner
         return blocks
 
+    def take_each(self, owners: list[int]) -> list[int]:
+        """One block for each owner, in order."""
+        if len(owners) > len(self._free):
+            raise OutOfBlocks(f"need {len(owners)} blocks, {len(self._free)} free")
+        blocks = [self._free.popleft() for _ in owners]
+        self._owner.update(zip(blocks, owners))
+        return blocks
+
     def give_back(self, owner: int, blocks: list[int]) -> None:
         for b in blocks:
             if self._owner.get(b) != owner:
@@ -75,6 +83,14 @@ class BlockManager:
         if need:
             req.block_ids.extend(self.device.take(req.request_id, need))
             self.allocated_this_iteration += need
+
+    def append_blocks(self, reqs: list[Request]) -> list[int]:
+        """One more block at the end of each request's table (all or nothing); returns the new block ids."""
+        new = self.device.take_each([r.request_id for r in reqs])
+        for req, block in zip(reqs, new):
+            req.block_ids.append(block)
+        self.allocated_this_iteration += len(new)
+        return new
 
     def grow_to(self, req: Request, num_blocks: int) -> None:
         """Preallocate: extend the request's table to `num_blocks` blocks (all or nothing)."""

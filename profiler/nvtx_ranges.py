@@ -9,6 +9,7 @@ token times: see `tokens_text`.
 from __future__ import annotations
 
 import enum
+from nvtx._lib import EventAttributes
 from nvtx._lib import mark as _mark
 from nvtx._lib import pop_range as _pop
 from nvtx._lib import push_range as _push
@@ -64,7 +65,9 @@ class Tracer:
         self._phases = {p: _Range(self._attrs(p.value), self._handle) for p in PhaseName}
 
     def _attrs(self, name: str, payload: int | None = None):
-        return self._domain.get_event_attributes(name, _COLORS.get(name, "blue"), None, payload)
+        # built here rather than by Domain.get_event_attributes, whose unbounded cache would keep one
+        # object per payload (every iteration, every request) for the life of the process
+        return EventAttributes(self._domain.get_registered_string(name), _COLORS.get(name, "blue"), None, payload)
 
     def push_step(self, iteration: int) -> None:
         _push(self._attrs(STEP, iteration), self._handle)

@@ -94,14 +94,14 @@ class Request:
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
 
-    def token_slice(self, start: int, n: int) -> tuple[int, ...]:
-        """Tokens [start, start + n) of prompt + output, without joining the two lists."""
+    def token_slice(self, start: int, n: int) -> list[int]:
+        """Tokens [start, start + n) of prompt + output, without joining the two whole lists."""
         p = len(self.prompt_ids)
         if start >= p:
-            return tuple(self.output_ids[start - p : start - p + n])
+            return self.output_ids[start - p : start - p + n]
         if start + n <= p:
-            return tuple(self.prompt_ids[start : start + n])
-        return tuple(self.prompt_ids[start:]) + tuple(self.output_ids[: start + n - p])
+            return self.prompt_ids[start : start + n]
+        return self.prompt_ids[start:] + self.output_ids[: start + n - p]
 
     @property
     def tokens_left_to_compute(self) -> int:

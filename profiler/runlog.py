@@ -7,12 +7,16 @@ when the run closes, so a crashed run never leaves a table that looks complete.
 from __future__ import annotations
 
 import json
+import operator
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from itertrace.profiler.decision import EventKind
 
 ITERATIONS = pa.schema([
     ("iteration", pa.int64()),
@@ -79,6 +83,8 @@ REQUESTS = pa.schema([
 ])
 
 TABLES = {"iterations": ITERATIONS, "events": EVENTS, "requests": REQUESTS}
+_ITERATION_ROW = operator.itemgetter(*ITERATIONS.names)  # dict -> tuple in schema order
+_REQUEST_ROW = operator.itemgetter(*REQUESTS.names)
 
 
 @dataclass
@@ -91,28 +97,117 @@ class _Table:
     writer: pq.ParquetWriter | None = None
     rows: int = 0  # written or buffered
     buffer: list[tuple] = field(default_factory=list)
+    buffered: int = 0  # rows not yet written
 
     def __post_init__(self) -> None:
         self.tmp = self.path.with_name(self.path.name + ".partial")
+        self._carry: pa.Table | None = None  # ordered rows short of a row group, from the last flush
 
     def append(self, row: tuple) -> None:
         self.buffer.append(row)
-        self.rows += 1
-        if len(self.buffer) >= self.rows_per_group:
+        self._added(1)
+
+    def _added(self, n: int) -> None:
+        self.rows += n
+        self.buffered += n
+        if self.buffered >= self.rows_per_group:
             self.flush()
 
-    def flush(self) -> None:
+    def flush(self, final: bool = False) -> None:
+        """Write whole row groups of `rows_per_group` rows (and, when final, the rest)."""
         if self.writer is None:
             self.writer = pq.ParquetWriter(self.tmp, self.schema, compression="zstd")
+        table = self._take_buffer()
+        if self._carry is not None:
+            table = pa.concat_tables([self._carry, table])
+        cut = table.num_rows if final else table.num_rows - table.num_rows % self.rows_per_group
+        if cut or table.num_rows == 0:
+            self.writer.write_table(table.slice(0, cut), row_group_size=self.rows_per_group)
+        self._carry = table.slice(cut) if cut < table.num_rows else None
+        self.buffered = table.num_rows - cut
+
+    def _take_buffer(self) -> pa.Table:
+        """The buffered rows as a table, in the order they came; empties the buffer."""
         columns = list(zip(*self.buffer)) or [[] for _ in self.schema.names]
-        self.writer.write_table(pa.table(dict(zip(self.schema.names, columns)), schema=self.schema))
         self.buffer = []
+        return pa.table([_list_column(values) if pa.types.is_list(f.type) else values
+                         for values, f in zip(columns, self.schema)], schema=self.schema)
 
     def close(self) -> None:
-        if self.buffer or self.writer is None:  # an empty table still gets its file and schema
-            self.flush()
+        if self.buffered or self.writer is None:  # an empty table still gets its file and schema
+            self.flush(final=True)
         self.writer.close()
         os.replace(self.tmp, self.path)
+
+
+def _list_column(values: tuple) -> pa.ListArray:
+    """A list<int64> column from one int64 array (or list) per row."""
+    offsets = np.zeros(len(values) + 1, dtype=np.int32)
+    np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=len(values)), out=offsets[1:])
+    flat = np.concatenate(values).astype(np.int64, copy=False) if values else np.empty(0, dtype=np.int64)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
+
+
+class _Codes(dict):
+    """String -> small integer code, assigned on first sight; None -> -1 (null)."""
+
+    def __init__(self, strings=()) -> None:
+        super().__init__({None: -1})
+        for text in strings:
+            self[text]  # noqa: B018 (assigns its code)
+
+    def __missing__(self, text: str) -> int:
+        code = self[text] = len(self) - 1
+        return code
+
+    def column(self, codes: np.ndarray) -> pa.Array:
+        """The strings of `codes` (-1: null) as an Arrow string column."""
+        strings = pa.array([text for text in self if text is not None], pa.string())  # in code order
+        indices = pa.array(codes, mask=codes < 0)
+        return pa.DictionaryArray.from_arrays(indices, strings).cast(pa.string())
+
+
+@dataclass
+class _EventTable(_Table):
+    """The event table: rows one at a time, and token events a block at a time, kept in the order they came.
+
+    Strings are kept as codes and every column is built with numpy at flush time: a token-heavy run
+    writes millions of rows.
+    """
+
+    blocks: list[tuple[int, np.ndarray, int, int, np.ndarray]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._kinds = _Codes(kind.value for kind in EventKind)
+        self._reasons = _Codes()
+
+    def append_tokens(self, request_ids: np.ndarray, iteration: int, ts_ns: int, first: np.ndarray) -> None:
+        self.blocks.append((len(self.buffer), request_ids, iteration, ts_ns, first))
+        self._added(len(request_ids))
+
+    def _take_buffer(self) -> pa.Table:
+        rows, blocks = self.buffer, self.blocks
+        self.buffer, self.blocks = [], []
+        ids, iterations, ts, kinds, reasons, tokens = zip(*rows) if rows else ((),) * 6
+        ints = lambda values: np.array(values, dtype=np.int64)  # noqa: E731
+        columns = [ints(ids), ints(iterations), ints(ts), np.array([self._kinds[k] for k in kinds], dtype=np.int16),
+                   np.array([self._reasons[r] for r in reasons], dtype=np.int16), ints(tokens)]
+        if blocks:
+            before, ids, iterations, ts, first = zip(*blocks)
+            lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+            first = np.concatenate(first)
+            token, first_token = self._kinds[EventKind.TOKEN.value], self._kinds[EventKind.FIRST_TOKEN.value]
+            block_columns = [np.concatenate(ids), np.repeat(ints(iterations), lengths), np.repeat(ints(ts), lengths),
+                             np.where(first, first_token, token).astype(np.int16),
+                             np.full(len(first), -1, dtype=np.int16), np.ones(len(first), dtype=np.int64)]
+            # row i goes before block j when i < before[j]: sort rows on 2i + 1 and blocks on 2 * before[j]
+            keys = np.concatenate((2 * np.arange(len(rows)) + 1, 2 * np.repeat(ints(before), lengths)))
+            order = np.argsort(keys, kind="stable")
+            columns = [np.concatenate(pair)[order] for pair in zip(columns, block_columns)]
+        ids, iterations, ts, kinds, reasons, tokens = columns
+        return pa.table([ids, iterations, ts, self._kinds.column(kinds), self._reasons.column(reasons), tokens],
+                        schema=self.schema)
 
 
 class RunLog:
@@ -121,18 +216,22 @@ class RunLog:
     def __init__(self, run_dir: Path, rows_per_group: int = 200_000) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._tables = {name: _Table(self.run_dir / f"{name}.parquet", schema, rows_per_group)
-                        for name, schema in TABLES.items()}
+        self._tables = {name: (_EventTable if name == "events" else _Table)(
+            self.run_dir / f"{name}.parquet", schema, rows_per_group) for name, schema in TABLES.items()}
 
     def iteration(self, row: dict) -> None:
-        self._tables["iterations"].append(tuple(row[name] for name in ITERATIONS.names))
+        self._tables["iterations"].append(_ITERATION_ROW(row))
 
     def event(self, request_id: int, iteration: int, ts_ns: int, kind: str, reason: str | None, tokens: int) -> None:
-        """One event row (positional: this is the hottest write, once per token)."""
+        """One event row."""
         self._tables["events"].append((request_id, iteration, ts_ns, kind, reason, tokens))
 
+    def token_events(self, request_ids: np.ndarray, iteration: int, ts_ns: int, first: np.ndarray) -> None:
+        """One `first_token` or `token` event row per request id (tokens=1, no reason), all at `ts_ns`."""
+        self._tables["events"].append_tokens(request_ids, iteration, ts_ns, first)
+
     def request(self, row: dict) -> None:
-        self._tables["requests"].append(tuple(row[name] for name in REQUESTS.names))
+        self._tables["requests"].append(_REQUEST_ROW(row))
 
     def close(self, meta: dict) -> None:
         """Finish every table and write run.json last: its presence marks a complete run directory."""

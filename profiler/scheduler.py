@@ -8,6 +8,11 @@ preempted requests). A running request that needs a KV block when none is free p
 lowest-ranked running request not yet scheduled this iteration (itself when none is left).
 Static mode forms a batch only when the previous one is done, preallocating each member's KV for
 its whole length; members keep their slots and blocks until the last member finishes.
+
+The running decodes are kept as arrays (`DecodeRows`) from one iteration to the next, and the
+decode pass runs on them at once: the same outcome as taking them one by one, with Python work only
+for the rows that need a block, yield one, join or leave. Every decode fits the token budget: a
+request becomes a decode only after a prefill chunk that took its share of the budget.
 """
 from __future__ import annotations
 
@@ -16,13 +21,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from itertrace.profiler.batch import SwapPlan
-from itertrace.profiler.batch_builder import SteadyDecode, build_batch
-from itertrace.profiler.decision import Decision, Event, EventKind, Limit, Mode, SchedulerConfig
+from itertrace.profiler.batch_builder import DecodeRows, build_batch
+from itertrace.profiler.decision import Decision, Event, EventKind, Limit, Mode, SchedulerConfig, TokenEvents
 from itertrace.profiler.kv import BlockManager
 from itertrace.profiler.policies import WaitQueue, sort_key
+from itertrace.profiler.preemption import make_room
 from itertrace.profiler.request import Phase, PreemptKind, Reason, Request
 
-__all__ = ["Decision", "Event", "EventKind", "Limit", "Mode", "Scheduler", "SchedulerConfig"]
+__all__ = ["Decision", "Event", "EventKind", "Limit", "Mode", "Scheduler", "SchedulerConfig", "TokenEvents"]
 
 
 def _zero_counts() -> dict[str, int]:
@@ -51,11 +57,13 @@ class Scheduler:
         self._key = sort_key(config.policy, config.aging_iterations)
         self.waiting = WaitQueue(self._key)  # new requests, and preempted ones in continuous mode
         self.running: list[Request] = []  # requests holding a slot (static: every member of the batch)
-        self.events: list[Event] = []  # drained by the engine after each call
+        self._member_ids: list[int] | None = None  # ids of self.running, until it changes
+        self.events: list[Event | TokenEvents] = []  # drained by the engine after each call
         self._reserved: dict[int, int] = {}  # preemption mode "reject": blocks promised per request
         self._swap = SwapPlan()
         self._counts = _zero_counts()  # since the last decision
-        self._steady: SteadyDecode | None = None  # the all-decode batch to repeat, while nothing changes
+        self._rows: DecodeRows | None = None  # the running decodes as arrays (None: rebuild)
+        self._rows_run = 0  # how many leading rows of the last decision came from self._rows
 
     # ---- requests coming and going -------------------------------------------------------------
     def add(self, req: Request, iteration: int) -> None:
@@ -73,7 +81,7 @@ class Scheduler:
 
     def cancel(self, request_id: int, iteration: int) -> bool:
         """Cancel a live request at an iteration boundary; its blocks are freed at once."""
-        self._steady = None
+        self._rows = None  # rebuilt from the requests at the next schedule
         req = next((r for r in self.running if r.request_id == request_id), None)
         queued = req is None
         if queued:
@@ -88,7 +96,7 @@ class Scheduler:
         self.events.append(Event(request_id, iteration, EventKind.CANCEL, Reason.CANCEL_REQUESTED))
         if not queued:
             if self.config.mode is Mode.CONTINUOUS:
-                self.running.remove(req)
+                self._leave(req)
             else:
                 self._end_static_batch_if_done()
         return True
@@ -102,24 +110,22 @@ class Scheduler:
         cfg = self.config
         self.blocks.reset_counters()
         self._swap = SwapPlan()
-        if self._steady is not None:
-            decision = self._steady_decision(iteration)
-            if decision is not None:
-                return decision
-            self._steady = None
-        prefill_room = self._prefill_room()
-        budget = _Budget(cfg.max_num_batched_tokens, prefill_room, cfg.max_num_seqs)
-        live = sorted((r for r in self.running if not r.phase.terminal), key=self._key)
-        decodes = [r for r in live if r.phase is Phase.DECODE]
-        if self._run_decodes_together(decodes, budget):
-            decodes = []
-        for req in decodes + [r for r in live if r.phase is not Phase.DECODE]:
+        budget = _Budget(cfg.max_num_batched_tokens, self._prefill_room(), cfg.max_num_seqs)
+        rows = self._decode_rows()
+        if len(rows) > budget.tokens:  # each decode joined with a token of its own iteration's budget
+            raise RuntimeError(f"iteration {iteration}: {len(rows)} running decodes exceed the token budget")
+        # members that are not decoding (prefills; static members waiting to start), in slot order
+        others = ([r for r in self.running if r.phase is not Phase.DECODE and not r.phase.terminal]
+                  if len(self.running) > len(rows) else [])  # every running decode has a row
+        live = sorted(others, key=self._key)
+        self._run_rows(rows, live, budget, iteration)
+        for req in live:
             if req.phase.terminal or _preempted_at(req, iteration):
                 continue  # preempted earlier in this pass
             if req.phase in (Phase.WAITING, Phase.PREEMPTED):  # static members waiting inside their batch
                 self._try_start(req, budget, iteration)
             else:
-                self._run_member(req, budget, live, iteration)
+                self._run_member(req, budget, live, iteration)  # decodes are scheduled: never victims
         if cfg.mode is Mode.STATIC:
             if not self.running:
                 self._form_static_batch(budget, iteration)
@@ -129,28 +135,40 @@ class Scheduler:
             budget.limit = Limit.KV_BLOCKS  # admitting now would take the blocks just reclaimed
         else:
             self._admit(budget, iteration)
-        return self._decision(iteration, budget)
+        return self._decision(iteration, rows, budget)
 
-    def _run_decodes_together(self, decodes: list[Request], budget: _Budget) -> bool:
-        """Give every decode its token at once when budget and blocks suffice (no one to preempt).
+    def _decode_rows(self) -> DecodeRows:
+        """The running decodes as arrays, rebuilt from the requests after a cancel."""
+        if self._rows is None:
+            self._rows = DecodeRows(self.blocks.block_size, self._key)
+            for req in self.running:
+                if req.phase is Phase.DECODE:
+                    self._rows.join(req)
+        self._rows.merge()
+        return self._rows
 
-        Same outcome as the one-by-one path below (same order, same blocks), at a fraction of the cost;
-        when anything is short, returns False and the one-by-one path decides who yields.
-        """
-        if not decodes or len(decodes) > budget.tokens or self.config.preemption is PreemptKind.REJECT:
-            return False
-        bs = self.blocks.block_size
-        grow = [r for r in decodes if r.num_computed >= len(r.block_ids) * bs]
+    def _run_rows(self, rows: DecodeRows, live: list[Request], budget: _Budget, iteration: int) -> None:
+        """Give every decode row its token; rows that need a block take one in policy order (see make_room)."""
+        if not len(rows):
+            return
+        grow = rows.growing().tolist()
+        yielded: list[int] = []
         if len(grow) > self.blocks.device.num_free:
-            return False
-        for req in grow:
-            self.blocks.grow(req, 1)
-        budget.work.extend((r, 1) for r in decodes)
-        budget.tokens -= len(decodes)
-        budget.prefill_cap = min(budget.prefill_cap, budget.tokens)
+            preempt = lambda req: self._preempt(req, iteration)  # noqa: E731
+            grow, yielded = make_room(rows, live, grow, self.blocks, self._key, preempt)
+        if grow:
+            rows.grow(grow, self.blocks)
+            if self._reserved:
+                for i in grow:
+                    self._update_reservation(rows.reqs[i])
+        if yielded:
+            rows.leave(yielded)
+            rows.merge()
+        budget.tokens -= len(rows)
+        if len(rows):
+            budget.prefill_cap = min(budget.prefill_cap, budget.tokens)
         if budget.tokens == 0:
             budget.limit = Limit.TOKEN_BUDGET
-        return True
 
     def _run_member(self, req: Request, budget: _Budget, live: list[Request], iteration: int) -> None:
         """Give a running request its tokens, preempting lower-ranked members for KV blocks."""
@@ -174,7 +192,7 @@ class Scheduler:
                 if req.phase is Phase.REJECTED:
                     continue  # preemption mode "reject" refused it; the next one may fit
                 return
-            self.running.append(self.waiting.pop())
+            self._enter(self.waiting.pop())
         budget.limit = Limit.QUEUE_EMPTY
 
     def _form_static_batch(self, budget: _Budget, iteration: int) -> None:
@@ -189,7 +207,7 @@ class Scheduler:
                 budget.limit = Limit.KV_BLOCKS
                 break
             self.blocks.grow_to(req, need)
-            self.running.append(self.waiting.pop())
+            self._enter(self.waiting.pop())
         else:
             budget.limit = Limit.SEQ_BUDGET if self.waiting else Limit.QUEUE_EMPTY
         for req in self.running:
@@ -235,8 +253,7 @@ class Scheduler:
     def _take(self, req: Request, n: int, budget: _Budget, iteration: int) -> None:
         """Spend budget and blocks on `n` of the request's tokens."""
         self.blocks.grow(req, n)
-        if req.request_id in self._reserved:
-            self._reserved[req.request_id] = max(0, self._worst_blocks(req) - len(req.block_ids))
+        self._update_reservation(req)
         budget.tokens -= n
         if req.phase is Phase.DECODE:  # decode spends the reservation first
             budget.prefill_cap = min(budget.prefill_cap, budget.tokens)
@@ -268,7 +285,7 @@ class Scheduler:
         self._counts["preempted"] += 1
         self.events.append(Event(req.request_id, iteration, EventKind.PREEMPT, Reason.KV_EXHAUSTED))
         if self.config.mode is Mode.CONTINUOUS:
-            self.running.remove(req)
+            self._leave(req)
             self.waiting.push(req)
 
     def _reject(self, req: Request, reason: Reason, iteration: int) -> None:
@@ -280,6 +297,11 @@ class Scheduler:
     # ---- preemption mode "reject": worst-case reservations ------------------------------------------
     def _worst_blocks(self, req: Request) -> int:
         return self.blocks.blocks_for(len(req.prompt_ids) + req.sampling.max_tokens)
+
+    def _update_reservation(self, req: Request) -> None:
+        """What is still promised to a request with reserved blocks: its worst case less what it holds."""
+        if req.request_id in self._reserved:
+            self._reserved[req.request_id] = max(0, self._worst_blocks(req) - len(req.block_ids))
 
     def _kv_promised(self, exclude: Request | None = None) -> int:
         skip = exclude.request_id if exclude is not None else None
@@ -295,45 +317,70 @@ class Scheduler:
         return True
 
     # ---- after the forward pass --------------------------------------------------------------------
-    def postprocess(self, decision: Decision, tokens: dict[int, int], iteration: int) -> list[Request]:
-        """Commit the iteration: cached tokens, sampled tokens, stops. Returns requests that finished."""
-        finished = []
-        changed = False  # a phase change or finish ends any steady decode batch
-        for req, n in decision.work:
+    def postprocess(self, decision: Decision, tokens: np.ndarray, iteration: int) -> list[Request]:
+        """Commit the iteration: cached tokens, sampled tokens, stops. Returns requests that finished.
+
+        `tokens` holds one token per sampled row, in batch order. Token events go out as TokenEvents
+        blocks, each finish right after its request's token, in batch order.
+        """
+        batch = decision.batch
+        ids = batch.sampled_ids
+        if len(tokens) != len(ids):
+            raise ValueError(f"iteration {iteration}: {len(tokens)} tokens for {len(ids)} sampled sequences")
+        first = batch.num_generated[batch.sample] == 0
+        rows, n_rows = self._rows, self._rows_run
+        self._rows_run = 0
+        finished, emitted = [], 0
+        if n_rows:  # the decode rows: every one sampled a token
+            row_tokens = tokens[:n_rows]
+            for req, token in zip(rows.reqs, row_tokens.tolist()):
+                req.num_computed += 1
+                req.output_ids.append(token)
+            ended = []
+            for i in rows.may_stop(row_tokens):
+                req = rows.reqs[i]
+                stop = self._stop(req, req.output_ids[-1])
+                if stop is not None:
+                    emitted = self._token_events(ids, first, emitted, i + 1, iteration)
+                    self._finish(req, *stop, iteration)
+                    finished.append(req)
+                    ended.append(i)
+            rows.advance(row_tokens)
+            rows.leave(ended)
+        sampled = n_rows
+        for req, n in decision.work[n_rows:]:
             req.num_computed += n
             if req.num_computed < req.num_tokens:
                 continue  # a prefill chunk that did not reach the end: nothing sampled
-            token = tokens[req.request_id]
-            req.output_ids.append(token)
-            first = len(req.output_ids) == 1
-            self.events.append(Event(req.request_id, iteration, EventKind.FIRST_TOKEN if first else EventKind.TOKEN, tokens=1))
-            sp = req.sampling
-            if token in sp.stop_token_ids and not sp.ignore_eos:
-                self._finish(req, Phase.FINISHED_STOP, Reason.STOP_TOKEN, iteration)
-            elif len(req.output_ids) >= sp.max_tokens:
-                self._finish(req, Phase.FINISHED_LENGTH, Reason.MAX_TOKENS, iteration)
+            req.output_ids.append(int(tokens[sampled]))
+            sampled += 1
+            stop = self._stop(req, req.output_ids[-1])
+            if stop is not None:
+                emitted = self._token_events(ids, first, emitted, sampled, iteration)
+                self._finish(req, *stop, iteration)
+                finished.append(req)
             elif req.phase is Phase.PREFILL:
                 req.move(Phase.DECODE, Reason.PROMPT_DONE, iteration)
-                changed = True
-            if req.phase.terminal:
-                finished.append(req)
-                changed = True
-        self._track_steady(decision, tokens, changed)
+            if rows is not None and req.phase is Phase.DECODE:
+                rows.join(req)
+        self._token_events(ids, first, emitted, len(ids), iteration)
         return finished
 
-    def _track_steady(self, decision: Decision, tokens: dict[int, int], changed: bool) -> None:
-        """Keep (or start) the steady-decode batch when this iteration was all decode and changed nothing."""
-        cfg = self.config
-        steady_now = (not changed and cfg.mode is Mode.CONTINUOUS and not decision.preempted
-                      and cfg.preemption is not PreemptKind.REJECT  # its reservations are kept per step
-                      and decision.prefill_tokens == 0 and decision.decode_tokens == len(self.running) > 0)
-        if not steady_now:
-            self._steady = None
-            return
-        if self._steady is None or decision.work is not self._steady.work:
-            self._steady = SteadyDecode(decision.batch, decision.work, decision.member_ids)
-        ids = self._steady.request_ids.tolist()
-        self._steady.advance(np.fromiter((tokens[i] for i in ids), dtype=np.int64, count=len(ids)))
+    def _token_events(self, ids: np.ndarray, first: np.ndarray, start: int, stop: int, iteration: int) -> int:
+        """Emit the token events of sampled rows [start, stop); returns stop."""
+        if stop > start:
+            self.events.append(TokenEvents(iteration, ids[start:stop], first[start:stop]))
+        return stop
+
+    @staticmethod
+    def _stop(req: Request, token: int) -> tuple[Phase, Reason] | None:
+        """Whether the token just sampled ends the request, and how."""
+        sp = req.sampling
+        if token in sp.stop_token_ids and not sp.ignore_eos:
+            return Phase.FINISHED_STOP, Reason.STOP_TOKEN
+        if len(req.output_ids) >= sp.max_tokens:
+            return Phase.FINISHED_LENGTH, Reason.MAX_TOKENS
+        return None
 
     def _finish(self, req: Request, phase: Phase, reason: Reason, iteration: int) -> None:
         req.move(phase, reason, iteration)
@@ -341,7 +388,7 @@ class Scheduler:
         self.events.append(Event(req.request_id, iteration, EventKind.FINISH, reason))
         if self.config.mode is Mode.CONTINUOUS:
             self.blocks.free(req)
-            self.running.remove(req)
+            self._leave(req)
         else:  # static members keep their slot and blocks until the whole batch is done
             self._end_static_batch_if_done()
 
@@ -349,48 +396,52 @@ class Scheduler:
         if all(r.phase.terminal for r in self.running):
             for req in self.running:
                 self.blocks.free(req)
-            self.running = []
+            self.running, self._member_ids = [], None
 
     # ---- helpers -------------------------------------------------------------------------------------
+    def _enter(self, req: Request) -> None:
+        self.running.append(req)
+        self._member_ids = None
+
+    def _leave(self, req: Request) -> None:
+        self.running.remove(req)
+        self._member_ids = None
+
+    def _members(self) -> list[int]:
+        """Ids of the requests holding slots, in slot order (one list, shared until membership changes)."""
+        if self._member_ids is None:
+            self._member_ids = [r.request_id for r in self.running]
+        return self._member_ids
+
     def _prefill_room(self) -> int:
         """Tokens per iteration that prefill may use: the budget less the decode reservation."""
         cfg = self.config
         return cfg.max_num_batched_tokens - int(cfg.decode_reserve * cfg.max_num_batched_tokens)
 
-    def _decision(self, iteration: int, budget: _Budget) -> Decision:
+    def _decision(self, iteration: int, rows: DecodeRows, budget: _Budget) -> Decision:
+        """The decode rows, then the work taken one by one (prefills, admissions), as one batch."""
         work = budget.work
-        scheduled = {r.request_id for r, _ in work}
-        members = [r.request_id for r in self.running]
-        finished = [r.request_id for r in self.running if r.phase.terminal]
-        stalled = [r.request_id for r in self.running if not r.phase.terminal and r.request_id not in scheduled]
-        decode = sum(n for r, n in work if r.phase is Phase.DECODE)
+        batch = build_batch(rows.batch(iteration), work) if work else rows.batch(iteration)
+        stalled = []
+        if len(self.running) > len(rows) + len(work):  # someone holding a slot ran nothing
+            scheduled = {r.request_id for r, _ in work}
+            stalled = [r.request_id for r in self.running if not r.phase.terminal
+                       and r.phase is not Phase.DECODE and r.request_id not in scheduled]
+        decode = len(rows) + sum(n for r, n in work if r.phase is Phase.DECODE)
+        self._rows_run = len(rows)
         return self._emit(Decision(
             iteration=iteration,
-            work=work,
-            batch=build_batch(iteration, work, self.blocks.block_size),
+            work=rows.work() + work if work else rows.work(),
+            batch=batch,
             swap=self._swap,
-            member_ids=members,
-            finished_member_ids=finished,
+            member_ids=self._members(),
+            # static batching: finished members keep their slots until the batch is done
+            finished_member_ids=([r.request_id for r in self.running if r.phase.terminal]
+                                 if self.config.mode is Mode.STATIC else []),
             stalled_member_ids=stalled,
             limit=budget.limit,
-            prefill_tokens=sum(n for _, n in work) - decode,
+            prefill_tokens=batch.num_tokens_total - decode,
             decode_tokens=decode,
-        ))
-
-    def _steady_decision(self, iteration: int) -> Decision | None:
-        """Repeat the last all-decode batch if nothing could change it; None sends us the general way."""
-        steady, cfg = self._steady, self.config
-        queue_open = bool(self.waiting) and len(self.running) < cfg.max_num_seqs
-        if queue_open or len(steady.reqs) > cfg.max_num_batched_tokens:
-            return None
-        batch = steady.next_batch(iteration, self.blocks)
-        if batch is None:
-            return None
-        return self._emit(Decision(
-            iteration=iteration, work=steady.work, batch=batch, swap=self._swap, member_ids=steady.member_ids,
-            finished_member_ids=[], stalled_member_ids=[],
-            limit=Limit.SEQ_BUDGET if self.waiting else Limit.QUEUE_EMPTY,
-            prefill_tokens=0, decode_tokens=len(steady.reqs),
         ))
 
     def _emit(self, decision: Decision) -> Decision:

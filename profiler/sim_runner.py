@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from itertrace.profiler.batch import Batch, SwapPlan
 from itertrace.profiler.clock import SimClock
 
@@ -39,11 +41,9 @@ class SimulatedRunner:
     def forward(self, prepared: Batch) -> None:
         self.clock.advance(self.cost.forward_ns(prepared))
 
-    def sample(self, batch: Batch, logits: None) -> dict[int, int]:
+    def sample(self, batch: Batch, logits: None) -> np.ndarray:
         # printable ASCII, varying with request and step, so detokenized text is readable
-        ids = batch.request_ids[batch.sample]
-        tokens = 32 + (ids * 7 + batch.num_generated[batch.sample]) % 95
-        return dict(zip(ids.tolist(), tokens.tolist()))
+        return 32 + (batch.sampled_ids * 7 + batch.num_generated[batch.sample]) % 95
 
     def swap(self, plan: SwapPlan) -> None:
         self.clock.advance(self.cost.per_swap_block_ns * (len(plan.swap_out) + len(plan.swap_in)))

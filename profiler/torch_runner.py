@@ -24,6 +24,30 @@ class PreparedBatch:
     sample_rows: Tensor  # [S] row of the last token of each sequence with sample=True, in batch order
 
 
+class _DecodeInputs:
+    """Inputs of an all-decode batch of n sequences, preallocated and rewritten in place every iteration.
+
+    Rows of one [4, n] host array (token ids, positions, slot mapping, context lengths) and of its
+    device copy, which is the same memory on the CPU; a forward pass reads them before the next
+    iteration writes them.
+    """
+
+    def __init__(self, n: int, device: torch.device) -> None:
+        self.rows = np.arange(n)  # [n]; never written
+        self.rows_tensor = torch.from_numpy(self.rows).to(device)
+        self.host = np.zeros((4, n), dtype=np.int64)
+        self.token_ids, self.positions, self.slots, self.context = self.host
+        self._device = torch.from_numpy(self.host).to(device)  # [4, n]; the host array itself on the CPU
+        self._rows = tuple(self._device)  # its rows, as tensors made once
+        self._same_memory = device.type == "cpu"
+
+    def upload(self) -> tuple[Tensor, ...]:
+        """On the device: token ids, positions, slot mapping, context lengths ([n] each)."""
+        if not self._same_memory:
+            self._device.copy_(torch.from_numpy(self.host))
+        return self._rows
+
+
 class TorchRunner:
     """Runs each iteration's batch through a real model; KV lives in `num_blocks` blocks of `block_size` tokens.
 
@@ -67,6 +91,7 @@ class TorchRunner:
         # Per layer (K, V), each [num_blocks, block_size, kv_heads, head_dim]: views into kv_cache.
         self.layer_caches = [(self.kv_cache[layer, 0], self.kv_cache[layer, 1]) for layer in range(c.num_layers)]
         self.sampler = Sampler()
+        self._inputs: _DecodeInputs | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -77,11 +102,13 @@ class TorchRunner:
 
         Decodes (one token) share one padded attention call; longer chunks are attended one at a time.
         """
+        if batch.block_size != self.block_size:
+            raise ValueError(f"batch block_size {batch.block_size} != runner block_size {self.block_size}")
+        if batch.num_seqs and batch.num_tokens_total == batch.num_seqs and batch.num_tokens.min() >= 1:
+            return self._prepare_decodes(batch)  # every sequence runs one token
         self._check(batch)
         bs = self.block_size
         counts = batch.num_tokens  # [S]
-        if batch.num_tokens_total == batch.num_seqs:  # all decodes: one row per sequence
-            return self._prepare_decodes(batch)
         ends = np.cumsum(counts)  # [S] end row of each sequence in the flat batch
         starts = ends - counts
         seq_of_row = np.repeat(np.arange(batch.num_seqs), counts)  # [T]
@@ -124,24 +151,48 @@ class TorchRunner:
     def _prepare_decodes(self, batch: Batch) -> PreparedBatch:
         """The steady-state case: every sequence runs one token, so rows are sequences.
 
-        Built in numpy and handed over with torch.from_numpy: on the CPU each small torch op costs
-        several microseconds, a numpy op about one.
+        Built in numpy (on the CPU each small torch op costs several microseconds, a numpy op about
+        one) into inputs preallocated for this batch size, so a steady iteration makes one new tensor
+        (the block tables). Checks as `_check` does, on the arrays built here; a table is taken to hold
+        its blocks from the left, as the scheduler's do (-1 only after them).
         """
-        bs, pos = self.block_size, batch.start_pos  # [S]
-        rows = np.arange(batch.num_seqs)
-        context = pos + 1
-        width = int(-(-context.max() // bs)) if len(rows) else 0
+        bs, pos, tokens = self.block_size, batch.start_pos, batch.token_ids  # pos, tokens: [S]
+        if tokens.view(np.uint64).max() >= self.vocab_size:  # a negative id reads as a huge unsigned one
+            raise ValueError(f"batch {batch.iteration}: token id outside [0, {self.vocab_size})")
+        longest = int(pos.max()) + 1  # the longest context
+        if longest > self.config.max_position:
+            self._check(batch)  # raises, naming the request
+        width = -(-longest // bs)  # blocks the longest context needs
+        block, offset = np.divmod(pos, bs)  # [S] each token's block in its table, and its place in it
+        if width > batch.block_tables.shape[1]:
+            self._check(batch)  # raises: a table is too short
         tables = batch.block_tables[:, :width]  # [S, width]
-        slots = tables[rows, pos // bs] * bs + pos % bs  # [S]
+        inputs = self._decode_inputs(batch.num_seqs)
+        newest = tables[inputs.rows, block]  # [S] the block each token is written to
+        if newest.min() < 0 or batch.block_tables.max() >= self.num_blocks:
+            self._check(batch)  # raises: a table is too short, or names a block outside the cache
+        np.copyto(inputs.token_ids, tokens)
+        np.copyto(inputs.positions, pos)
+        np.multiply(newest, bs, out=inputs.slots)
+        inputs.slots += offset
+        np.add(pos, 1, out=inputs.context)
+        ids_t, pos_t, slots_t, context_t = inputs.upload()
         meta = AttentionMetadata(
-            slot_mapping=self._tensor(slots), block_size=bs,
+            slot_mapping=slots_t, block_size=bs,
             prefill_query_ranges=[], prefill_block_tables=[], prefill_context_lens=[], prefill_masks=[],
-            decode_rows=self._tensor(rows),
+            decode_rows=inputs.rows_tensor,
             decode_block_tables=self._tensor(np.maximum(tables, 0)),  # padding reads block 0, masked out
-            decode_context_lens=self._tensor(context),
+            decode_context_lens=context_t,
         )
-        return PreparedBatch(input_ids=self._tensor(batch.token_ids), positions=self._tensor(pos), meta=meta,
-                             sample_rows=self._tensor(rows[batch.sample]))
+        all_sampled = len(batch.sampled_ids) == batch.num_seqs
+        sample_rows = inputs.rows_tensor if all_sampled else self._tensor(inputs.rows[batch.sample])
+        return PreparedBatch(input_ids=ids_t, positions=pos_t, meta=meta, sample_rows=sample_rows)
+
+    def _decode_inputs(self, n: int) -> _DecodeInputs:
+        """The preallocated inputs for n decodes (kept while n stays the same)."""
+        if self._inputs is None or len(self._inputs.rows) != n:
+            self._inputs = _DecodeInputs(n, self.device)
+        return self._inputs
 
     def forward(self, prepared: PreparedBatch) -> Tensor:
         """Run the model, writing this iteration's KV; logits [S, vocab] for the sampling sequences."""
@@ -155,14 +206,14 @@ class TorchRunner:
             torch.cuda.synchronize(self.device)
         return logits
 
-    def sample(self, batch: Batch, logits: Tensor) -> dict[int, int]:
-        """One token per sequence with sample=True, keyed by request id."""
+    def sample(self, batch: Batch, logits: Tensor) -> np.ndarray:
+        """One token per sequence with sample=True, in batch order."""
         rows = np.flatnonzero(batch.sample)
         if logits.shape[0] != len(rows):
             raise ValueError(f"{logits.shape[0]} rows of logits for {len(rows)} sampling sequences")
-        request_ids = batch.request_ids[rows].tolist()
-        tokens = self.sampler.sample(request_ids, [batch.sampling[i] for i in rows.tolist()], logits)
-        return dict(zip(request_ids, tokens))
+        params = [batch.sampling[i] for i in rows.tolist()]
+        tokens = self.sampler.sample(batch.request_ids[rows].tolist(), params, logits)
+        return np.array(tokens, dtype=np.int64)
 
     def swap(self, plan: SwapPlan) -> None:
         """Copy KV blocks device -> swap pool and swap pool -> device; every copy reads the state before the plan."""
@@ -182,8 +233,6 @@ class TorchRunner:
 
     def _check(self, batch: Batch) -> None:
         """Refuse a batch the cache cannot serve: wrong block size, short tables, ids out of range."""
-        if batch.block_size != self.block_size:
-            raise ValueError(f"batch block_size {batch.block_size} != runner block_size {self.block_size}")
         if not batch.num_seqs:
             return
         if batch.num_tokens.min() < 1:
@@ -213,4 +262,5 @@ class TorchRunner:
         return [src for src, _ in pairs], [dst for _, dst in pairs]
 
     def _tensor(self, array: np.ndarray) -> Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        return tensor if self.device.type == "cpu" else tensor.to(self.device)

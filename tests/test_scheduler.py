@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -129,7 +130,7 @@ def test_recompute_preemption_frees_blocks_and_reruns_the_prefix():
         d = sched.schedule(it)
         if d.preempted and preempted_at is None:
             preempted_at = it
-        sched.postprocess(d, {s.request_id: 65 for s in d.batch.seqs if s.sample}, it)
+        sched.postprocess(d, np.full(int(d.batch.sample.sum()), 65), it)
         it += 1
     victim = reqs[1]  # FCFS: the later arrival is the victim
     assert preempted_at is not None and victim.num_preemptions >= 1 and reqs[0].num_preemptions == 0

@@ -115,7 +115,8 @@ def generate(runner: TorchRunner, prompts: Prompts, steps: int) -> dict[int, lis
     seqs = [work(rid, prompt, 0, tables[rid], params=p) for rid, (prompt, p) in prompts.items()]
     for it in range(steps):
         batch = Batch.from_seqs(it, tuple(seqs), BLOCK)
-        tokens = runner.sample(batch, runner.forward(runner.prepare(batch)))
+        tokens = dict(zip(batch.request_ids[batch.sample].tolist(),
+                          runner.sample(batch, runner.forward(runner.prepare(batch))).tolist()))
         for rid, token in tokens.items():
             out[rid].append(token)
         seqs = [work(s.request_id, [tokens[s.request_id]], s.context_len, tables[s.request_id], params=s.sampling,
