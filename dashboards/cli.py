@@ -25,6 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("-o", "--out", required=True, type=Path, metavar="FILE", help="HTML file to write (replaced)")
     parser.add_argument("--png", type=Path, metavar="DIR", help="also write each chart as a PNG into this folder")
     parser.add_argument("--title", metavar="TEXT", help="page title (default: itertrace report: LABELS)")
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="a query parameter for every database, e.g. preset=generic and "
+                             "step_pattern='^decode_step_\\d+$' for another program's trace (repeatable)")
     parser.add_argument("--quiet", action="store_true", help="print nothing on success")
     parser.set_defaults(func=run)
 
@@ -35,7 +38,9 @@ def run(args: argparse.Namespace) -> int:
     from itertrace.dashboards.report import build_report
 
     started = time.perf_counter()
-    report = build_report(args.db, args.label, title=args.title)
+    from itertrace.queries.cli import parse_params
+
+    report = build_report(args.db, args.label, title=args.title, params=parse_params(args.param))
     written = write_report(report, args.out, png_dir=args.png)
     if not args.quiet:
         pngs = f", {len(written.pngs)} PNGs in {args.png}" if written.pngs else ""

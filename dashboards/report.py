@@ -19,13 +19,17 @@ from itertrace.queries.api import QueryDB
 __all__ = ["Block", "ChartBlock", "NoteBlock", "Report", "Section", "TableBlock", "build_report"]
 
 
-def build_report(dbs: Sequence[str | Path], labels: Sequence[str] | None = None, *, title: str | None = None) -> Report:
-    """The report of one database, or the comparison of several (labelled by `labels`, else from their runs)."""
+def build_report(dbs: Sequence[str | Path], labels: Sequence[str] | None = None, *, title: str | None = None,
+                 params: dict[str, str] | None = None) -> Report:
+    """The report of one database, or the comparison of several (labelled by `labels`, else from their runs).
+
+    `params` are the query library's parameters for every database, e.g. the generic mapping's.
+    """
     if not dbs:
         raise UserError("report: give at least one --db FILE")
     if labels and len(labels) != len(dbs):
         raise UserError(f"report: {len(labels)} --label for {len(dbs)} --db; give one label per database, in order")
-    runs = _open(dbs, labels)
+    runs = _open(dbs, labels, params or {})
     try:
         names = " vs ".join(r.label for r in runs) if len(runs) <= 2 else f"{len(runs)} runs compared"
         return Report(title=title or f"itertrace report: {names}", meta=_meta_table(runs),
@@ -36,12 +40,14 @@ def build_report(dbs: Sequence[str | Path], labels: Sequence[str] | None = None,
             run.db.close()
 
 
-def _open(dbs: Sequence[str | Path], labels: Sequence[str] | None) -> list[RunData]:
+def _open(dbs: Sequence[str | Path], labels: Sequence[str] | None, params: dict[str, str]) -> list[RunData]:
     """Each database opened with the query library, with what it holds and its run's label."""
     runs: list[RunData] = []
     try:
         for path in dbs:
-            db = QueryDB(path)
+            db = QueryDB(path, params)
+            if "nvtx_ranges" not in db.missing:
+                db.sql("SELECT * FROM mapping")  # an incomplete mapping fails here, in one line
             runs.append(RunData("", Path(path), db, _one_row(db, "run_meta"), _one_row(db, "capture_meta"), 0))
             if "nvtx_ranges" not in db.missing:
                 runs[-1].iterations_in_trace = int(db.sql("SELECT count(*) AS n FROM iterations").column(0)[0].as_py())

@@ -64,7 +64,7 @@ def run_query(args: argparse.Namespace) -> int:
     if args.describe:
         print(describe(args.name))
         return 0
-    params = _params(args.param)
+    params = parse_params(args.param)
     takes = {p.name for p in query.params}
     for name in params:
         if name not in takes:
@@ -78,7 +78,7 @@ def run_query(args: argparse.Namespace) -> int:
 
 
 def run_sql(args: argparse.Namespace) -> int:
-    with QueryDB(_db(args), _params(args.param)) as db:
+    with QueryDB(_db(args), parse_params(args.param)) as db:
         rows = _write(db, args.statement.strip().rstrip(";"), args)
     _done(rows, args.out)
     return 0
@@ -117,7 +117,7 @@ def _install(args: argparse.Namespace) -> int:
     con = connect(_db(args), read_only=False)
     try:
         missing = install(con, persist=True)
-        set_params(con, _params(args.param))
+        set_params(con, parse_params(args.param))
     finally:
         con.close()
     installed = [q for q in queries().values() if not any(t in missing for t in q.tables)]
@@ -145,7 +145,8 @@ def _db(args: argparse.Namespace) -> Path:
     return args.db
 
 
-def _params(pairs: list[str]) -> dict[str, str]:
+def parse_params(pairs: list[str]) -> dict[str, str]:
+    """`KEY=VALUE` strings as a dict, each key a known parameter."""
     params: dict[str, str] = {}
     known = all_params()
     for pair in pairs:

@@ -202,3 +202,14 @@ def test_every_chart_renders_in_chromium_without_a_network(browsable, tmp_path):
     assert parser.body.get("data-charts") == "done"
     page_console = [line for line in result.stderr.splitlines() if "CONSOLE" in line and "file://" in line]
     assert page_console == []  # the page logs nothing: no errors, no warnings
+
+
+def test_report_takes_the_generic_mapping_for_another_programs_trace(sample_dbs, tmp_path, capsys):
+    out = tmp_path / "generic.html"
+    params = ["--param", "preset=generic", "--param", "step_pattern=^step$", "--param", "device_pattern=^forward$"]
+    assert main(["report", "--db", str(sample_dbs["static"]), "-o", str(out), "--quiet", *params]) == 0
+    assert "Host gaps between device iterations" in out.read_text()
+    missing = tmp_path / "missing.html"
+    assert main(["report", "--db", str(sample_dbs["static"]), "-o", str(missing), "--param", "preset=generic"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "parameter step_pattern is missing" in err[0] and not missing.exists()
