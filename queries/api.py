@@ -73,10 +73,6 @@ class QueryDB:
         self.check(name)
         return self.sql(f"SELECT * FROM {name}")
 
-    def relation(self, name: str) -> duckdb.DuckDBPyRelation:
-        self.check(name)
-        return self.con.sql(f"SELECT * FROM {name}")
-
     def sql(self, text: str) -> pa.Table:
         """Any SQL over the database and the installed views."""
         try:
@@ -129,11 +125,6 @@ def set_params(con: duckdb.DuckDBPyConnection, params: dict[str, str]) -> None:
         else:
             typed = value
         con.execute(f'SET VARIABLE "{name}" = ?', [typed])
-
-
-def query_params(name: str) -> dict[str, str]:
-    """Parameters the query `name` reads, with their documentation."""
-    return {p.name: p.doc for p in queries()[name].params}
 
 
 def _tables(con: duckdb.DuckDBPyConnection) -> set[str]:

@@ -63,11 +63,9 @@ class Module:
     doc: str
     sql: str
     statements: tuple[str, ...]
-    names: tuple[str, ...]  # macros and views it defines
     views: tuple[TableDoc, ...]  # its public views, documented
     params: tuple[Param, ...]
     uses: tuple[str, ...]  # modules it reads, directly
-    tables: tuple[str, ...]  # source tables it reads, directly
     definitions: tuple[Definition, ...]  # in file order
 
 
@@ -106,12 +104,11 @@ def modules() -> tuple[Module, ...]:
         read = set(_READS.findall(code)) | set(_CALLS.findall(code))
         uses = tuple(other for other, names in defined.items()
                      if other != name and any(n in read for n in names))
-        tables = tuple(t for t in SOURCE_TABLES if t in read)
         doc, params = _header(sql)
         views = tuple(d for d in table_docs(sql) if d.kind == "VIEW" and not d.table.startswith("_"))
         stmts = tuple(statements(sql))
         definitions = tuple(_definition(name, statement) for statement in stmts)
-        out[name] = Module(name, doc, sql, stmts, defined[name], views, params, uses, tables, definitions)
+        out[name] = Module(name, doc, sql, stmts, views, params, uses, definitions)
     ordered: list[Module] = []
 
     def visit(name: str, path: tuple[str, ...]) -> None:
@@ -165,10 +162,6 @@ def requires(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
     walk(name)
     return tuple(tables), tuple(variables)
-
-
-def module(name: str) -> Module:
-    return next(m for m in modules() if m.name == name)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ import pytest
 from itertrace.cli import main
 from itertrace.ingest import ingest
 
-SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
 CHROMIUM = shutil.which("chromium")
 needs_nsys = pytest.mark.skipif(shutil.which("nsys") is None, reason="nsys (Nsight Systems) is not installed")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (scripts/setup.sh installs it)")
@@ -22,19 +21,6 @@ EVERY_SECTION = ("runs", "host-gaps", "timeline", "membership", "slot-time", "ac
                  "log-vs-trace")
 EVERY_TABLE = ("Gaps per track", "Gap time by host phase", "Longest gaps", "Slot-iterations", "Latency summary",
                "Latency by class", "The followed request", "request_latency_compare, summarised")
-
-
-@pytest.fixture(scope="module")
-def sample_dbs(tmp_path_factory) -> dict[str, Path]:
-    """The two sample captures with their run logs, ingested: static and continuous batching."""
-    if shutil.which("nsys") is None:
-        pytest.skip("nsys (Nsight Systems) is not installed")
-    folder = tmp_path_factory.mktemp("samples")
-    dbs = {}
-    for mode in ("static", "continuous"):
-        sample = SAMPLES / f"worked-example-{mode}"
-        dbs[mode] = ingest([sample / "run", sample / "report.nsys-rep"], folder / f"{mode}.duckdb").db
-    return dbs
 
 
 @pytest.fixture(scope="module")
