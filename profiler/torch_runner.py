@@ -177,11 +177,15 @@ class TorchRunner:
         inputs.slots += offset
         np.add(pos, 1, out=inputs.context)
         ids_t, pos_t, slots_t, context_t = inputs.upload()
+        # padding reads block 0, masked out; clamped in a contiguous copy (a ufunc over a strided
+        # slice of the table costs several times as much)
+        decode_tables = tables.copy()
+        np.maximum(decode_tables, 0, out=decode_tables)
         meta = AttentionMetadata(
             slot_mapping=slots_t, block_size=bs,
             prefill_query_ranges=[], prefill_block_tables=[], prefill_context_lens=[], prefill_masks=[],
             decode_rows=inputs.rows_tensor,
-            decode_block_tables=self._tensor(np.maximum(tables, 0)),  # padding reads block 0, masked out
+            decode_block_tables=self._tensor(decode_tables),
             decode_context_lens=context_t,
         )
         all_sampled = len(batch.sampled_ids) == batch.num_seqs
