@@ -1,12 +1,13 @@
-"""The decode pass when KV blocks run short: which decode rows get a block, and who yields.
+"""Who yields when KV blocks run short: for a running prefill, and in the decode pass.
 
 Notes
 -----
-Taken one by one in policy order, each decode that needs a new block takes one; when none is free,
-the lowest-ranked live member not yet scheduled this iteration is preempted (the needy decode
-itself when no one else is left). `make_room` reaches the same outcome walking only the rows that
-need a block and the members that yield. Blocks freed by preemption go to the back of the free list
-and growth takes from the front, so growing after all the preemptions hands out the same blocks.
+A running request that needs a block when none is free preempts the lowest-ranked live member that
+holds blocks and is not yet scheduled this iteration, or itself when no one else is left (`victim`).
+The decode pass has the outcome of taking its rows one by one in policy order under that rule, each
+taking a block when it needs one; `make_room` reaches it walking only the rows that need a block
+and the members that yield. Blocks freed by preemption go to the back of the free list and growth
+takes from the front, so growing after all the preemptions hands out the same blocks.
 """
 from __future__ import annotations
 
@@ -18,6 +19,18 @@ from itertrace.profiler.batch_builder import DecodeRows
 from itertrace.profiler.kv import BlockManager
 from itertrace.profiler.policies import SortKey
 from itertrace.profiler.request import Request
+
+
+def victim(live: list[Request], work: list[tuple[Request, int]], needy: Request) -> Request:
+    """The lowest-ranked live request holding blocks and not yet scheduled (the needy one if none).
+
+    `live` is in policy order; `work` holds what this iteration has scheduled so far.
+    """
+    scheduled = {r.request_id for r, _ in work}
+    for req in reversed(live):
+        if req is not needy and req.phase.running and req.block_ids and req.request_id not in scheduled:
+            return req
+    return needy
 
 
 def make_room(rows: DecodeRows, live: list[Request], grow: list[int], blocks: BlockManager, key: SortKey,

@@ -1,0 +1,89 @@
+"""After the forward pass: cached and sampled tokens go into the requests, and stops end them.
+
+Notes
+-----
+Every batch starts with the decode rows (`DecodeRows`), and each of them sampled a token: their
+tokens are committed in one pass, and only the rows that may stop on theirs (a stop token, or
+max_tokens reached: `DecodeRows.may_stop`) are looked at one by one. The work taken one by one
+follows them; a prefill chunk samples a token only when it reaches the end of what it had to compute.
+A request whose prefill just ended becomes a decode and joins the rows at the next `merge`.
+
+Token events go out as TokenEvents blocks over runs of sampled rows, in batch order, each block
+ending at a finish so that every FINISH event comes right after its request's token.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from itertrace.profiler.batch_builder import DecodeRows
+from itertrace.profiler.decision import Decision, Event, TokenEvents
+from itertrace.profiler.request import Phase, Reason, Request
+
+Finish = Callable[[Request, Phase, Reason, int], None]
+
+
+def commit_tokens(decision: Decision, tokens: np.ndarray, iteration: int, rows: DecodeRows | None, n_rows: int,
+                  events: list[Event | TokenEvents], finish: Finish) -> list[Request]:
+    """Commit the iteration's work and sampled tokens; returns the requests that finished.
+
+    `tokens` holds one token per sampled row, in batch order (its length is checked by the caller);
+    the first `n_rows` rows of the batch are `rows`. `finish` ends a request (the scheduler's bookkeeping).
+    """
+    batch = decision.batch
+    ids = batch.sampled_ids
+    first = batch.num_generated[batch.sample] == 0
+    finished, emitted = [], 0
+    if n_rows:  # the decode rows: every one sampled a token
+        row_tokens = tokens[:n_rows]
+        for req, token in zip(rows.reqs, row_tokens.tolist()):
+            req.num_computed += 1
+            req.output_ids.append(token)
+        ended = []
+        for i in rows.may_stop(row_tokens):
+            req = rows.reqs[i]
+            stop = stop_reason(req, req.output_ids[-1])
+            if stop is not None:
+                emitted = _token_events(events, ids, first, emitted, i + 1, iteration)
+                finish(req, *stop, iteration)
+                finished.append(req)
+                ended.append(i)
+        rows.advance(row_tokens)
+        rows.leave(ended)
+    sampled = n_rows
+    for req, n in decision.work[n_rows:]:
+        req.num_computed += n
+        if req.num_computed < req.num_tokens:
+            continue  # a prefill chunk that did not reach the end: nothing sampled
+        req.output_ids.append(int(tokens[sampled]))
+        sampled += 1
+        stop = stop_reason(req, req.output_ids[-1])
+        if stop is not None:
+            emitted = _token_events(events, ids, first, emitted, sampled, iteration)
+            finish(req, *stop, iteration)
+            finished.append(req)
+        elif req.phase is Phase.PREFILL:
+            req.move(Phase.DECODE, Reason.PROMPT_DONE, iteration)
+        if rows is not None and req.phase is Phase.DECODE:
+            rows.join(req)
+    _token_events(events, ids, first, emitted, len(ids), iteration)
+    return finished
+
+
+def stop_reason(req: Request, token: int) -> tuple[Phase, Reason] | None:
+    """Whether the token just sampled ends the request, and how."""
+    sp = req.sampling
+    if token in sp.stop_token_ids and not sp.ignore_eos:
+        return Phase.FINISHED_STOP, Reason.STOP_TOKEN
+    if len(req.output_ids) >= sp.max_tokens:
+        return Phase.FINISHED_LENGTH, Reason.MAX_TOKENS
+    return None
+
+
+def _token_events(events: list[Event | TokenEvents], ids: np.ndarray, first: np.ndarray, start: int, stop: int,
+                  iteration: int) -> int:
+    """Emit the token events of sampled rows [start, stop); returns stop."""
+    if stop > start:
+        events.append(TokenEvents(iteration, ids[start:stop], first[start:stop]))
+    return stop
