@@ -5,9 +5,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from itertrace.ingest.api import IngestOptions, default_loaders, ingest
-from itertrace.ingest.profile import CommandFailed, profile_command, summary_lines
-from itertrace.ingest.progress import Progress
+# DuckDB and pyarrow are imported by the commands that use them, not to build the parser.
+BATCH_ROWS = 65_536  # IngestOptions.batch_rows, written out for that reason (a test checks they agree)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("sources", nargs="+", type=Path, metavar="SOURCE",
                         help="report, export file or folder, or an itertrace run directory")
     parser.add_argument("--db", required=True, type=Path, metavar="FILE", help="database to write (replaced on success)")
-    parser.add_argument("--batch-rows", type=_positive, default=IngestOptions.batch_rows, metavar="N",
+    parser.add_argument("--batch-rows", type=_positive, default=BATCH_ROWS, metavar="N",
                         help="rows per batch streamed into DuckDB (default %(default)s)")
     parser.add_argument("--memory-limit", metavar="SIZE", help="DuckDB memory limit, e.g. 2GB (default: DuckDB's)")
     parser.add_argument("--nsys", metavar="PATH", help="nsys executable for .nsys-rep sources (default: on PATH)")
@@ -52,6 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_profile(args: argparse.Namespace) -> int:
     """Profile the command, ingest, and print the database path with a short summary."""
+    from itertrace.ingest.profile import CommandFailed, profile_command, summary_lines
+
     traces = [t.strip() for t in args.trace.split(",") if t.strip()] if args.trace else None
     try:
         result = profile_command(args.command, args.out, nsys_executable=args.nsys, traces=traces,
@@ -69,6 +70,9 @@ def run_profile(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run the ingest and print the closing line: rows, sources, time, rows/s."""
+    from itertrace.ingest.api import IngestOptions, default_loaders, ingest
+    from itertrace.ingest.progress import Progress
+
     options = IngestOptions(batch_rows=args.batch_rows, memory_limit=args.memory_limit)
     progress = Progress(sys.stderr, enabled=not args.quiet)
     result = ingest(args.sources, args.db, loaders=default_loaders(args.nsys), options=options, progress=progress)

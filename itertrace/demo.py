@@ -13,13 +13,8 @@ import sys
 from pathlib import Path
 
 from itertrace.errors import UserError
-from itertrace.ingest import ingest
-from itertrace.ingest.nsys import find_nsys
-from itertrace.ingest.profile import profile_command
-from itertrace.profiler import experiments
-from itertrace.profiler.session import RunSpec
-from itertrace.profiler.summary_table import format_experiment
-from itertrace.queries import QueryDB
+
+# The engine, DuckDB and Altair are imported when the demo runs, not when `itertrace` builds its parser.
 
 # The live run: the seed's worked example on the torch runner, one CPU thread (see sample_traces/README.md).
 LIVE = ["run", "--runner", "torch", "--workload", "worked-example", "--capacity", "8", "--threads", "1", "--seed", "0"]
@@ -47,6 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from itertrace.profiler import experiments
+    from itertrace.profiler.session import RunSpec
+    from itertrace.profiler.summary_table import format_experiment
+
     out: Path = args.out
     if args.requests < 16:
         raise UserError(f"--requests {args.requests}: the slot-time experiment needs at least 16 (the capacity)")
@@ -84,6 +83,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _ingest(run_dir: Path, dbs: Path) -> Path:
+    from itertrace.ingest import ingest
+
     db = dbs / f"{run_dir.name}.duckdb"
     ingest([run_dir], db)
     return db
@@ -91,6 +92,9 @@ def _ingest(run_dir: Path, dbs: Path) -> Path:
 
 def _live_run(folder: Path, *, profile: bool) -> Path:
     """The live torch run: profiled under nsys where installed; its database."""
+    from itertrace.ingest.nsys import find_nsys
+    from itertrace.ingest.profile import profile_command
+
     command = [sys.executable, "-m", "itertrace.cli", *LIVE]
     if profile:
         try:
@@ -109,6 +113,8 @@ def _live_run(folder: Path, *, profile: bool) -> Path:
 
 def _live_summary(db: Path) -> str:
     """The headline of the live run: its latency and, from the trace, where the gaps went."""
+    from itertrace.queries import QueryDB
+
     with QueryDB(db) as q:
         tables = q.tables()
         lines = [f"== live torch run: {db} =="]

@@ -12,7 +12,7 @@ from pathlib import Path
 from itertrace.errors import UserError
 from itertrace.profiler.batch import SamplingParams
 from itertrace.profiler.request import Request
-from itertrace.profiler.tokenizer import EOS, synth_prompt
+from itertrace.profiler.tokenizer import EOS, synth_prompts
 
 # The seed's variable workload: mean output length exactly 128, as the uniform one.
 VARIABLE_LENGTHS = (8, 16, 32, 64, 128, 256, 512, 1024)
@@ -39,12 +39,15 @@ def build_requests(specs: list[RequestSpec], *, seed: int = 0, sampling: Samplin
     Stop tokens default to EOS; with `ignore_eos` (fixed-length workloads) only max_tokens ends a request.
     """
     base = sampling or SamplingParams()
+    # all prompts in one call: synth_prompts shares its numpy work between them
+    prompts = synth_prompts([spec.prompt_tokens for spec in specs],
+                            [seed * 1_000_003 + i for i in range(len(specs))])
     out = []
-    for i, spec in enumerate(specs):
+    for i, (spec, prompt_ids) in enumerate(zip(specs, prompts)):
         sp = replace(base, max_tokens=spec.output_tokens, stop_token_ids=base.stop_token_ids or (EOS,), ignore_eos=ignore_eos,
                      seed=base.seed + seed * 1_000_003 + i)
         out.append(Request(
-            request_id=i, prompt_ids=synth_prompt(spec.prompt_tokens, seed * 1_000_003 + i), sampling=sp,
+            request_id=i, prompt_ids=prompt_ids, sampling=sp,
             arrival_ns=spec.arrival_ns, priority=spec.priority, tenant=spec.tenant,
             deadline_ns=spec.deadline_ns, cancel_at_iteration=spec.cancel_at_iteration,
         ))

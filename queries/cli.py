@@ -5,11 +5,17 @@ import argparse
 import difflib
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from itertrace.errors import UserError
-from itertrace.queries.api import QueryDB, connect, install, set_params
 from itertrace.queries.catalog import all_params, modules, queries
-from itertrace.queries.output import FORMATS, write
+
+# DuckDB and pyarrow are imported by the commands that open a database, not to build the parser
+# (nor for --list and --describe, which read only the SQL files).
+if TYPE_CHECKING:
+    from itertrace.queries.api import QueryDB
+
+FORMATS = ("table", "csv", "json", "parquet")  # itertrace.queries.output.FORMATS (a test checks they agree)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -70,6 +76,8 @@ def run_query(args: argparse.Namespace) -> int:
         if name not in takes:
             raise UserError(f"query {args.name} takes no parameter {name!r} "
                             f"(it takes: {', '.join(sorted(takes)) or 'none'})")
+    from itertrace.queries.api import QueryDB  # DuckDB: only once a database is to be opened
+
     with QueryDB(_db(args), params) as db:
         db.check(args.name)
         rows = _write(db, f"SELECT * FROM {args.name}", args)
@@ -78,6 +86,8 @@ def run_query(args: argparse.Namespace) -> int:
 
 
 def run_sql(args: argparse.Namespace) -> int:
+    from itertrace.queries.api import QueryDB
+
     with QueryDB(_db(args), parse_params(args.param)) as db:
         rows = _write(db, args.statement.strip().rstrip(";"), args)
     _done(rows, args.out)
@@ -114,6 +124,8 @@ def _first_sentence(text: str) -> str:
 
 
 def _install(args: argparse.Namespace) -> int:
+    from itertrace.queries.api import connect, install, set_params
+
     con = connect(_db(args), read_only=False)
     try:
         missing = install(con, persist=True)
@@ -127,6 +139,8 @@ def _install(args: argparse.Namespace) -> int:
 
 
 def _write(db: QueryDB, sql: str, args: argparse.Namespace) -> int:
+    from itertrace.queries.output import write
+
     try:
         return write(db.con, sql, args.format, args.out, max_rows=args.max_rows)
     except UserError:

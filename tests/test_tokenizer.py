@@ -1,10 +1,13 @@
 """Byte-level tokenizer, incremental detokenizer and synthetic prompts."""
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from itertrace.profiler.tokenizer import BOS, EOS, PAD, IncrementalDetokenizer, decode, encode, synth_prompt
+from itertrace.profiler import tokenizer
+from itertrace.profiler.tokenizer import (BOS, EOS, PAD, IncrementalDetokenizer, _synth_prompt_reference, decode,
+                                          encode, synth_prompt, synth_prompts)
 
 TEXT = "naïve 東京 🎉"
 
@@ -52,3 +55,34 @@ def test_synth_prompt_has_exact_length_and_is_deterministic() -> None:
     assert synth_prompt(200, seed=5)[:50] == synth_prompt(50, seed=5)
     words = decode(synth_prompt(500, seed=1)).split(" ")
     assert len(words) > 40 and all(words[:-1])  # words separated by single spaces
+
+
+def test_synth_prompt_keeps_its_known_ids() -> None:
+    # Written out from the original loop over `random` (now `_synth_prompt_reference`): every run log's
+    # prompts come from here, so a change to either implementation must fail this test.
+    assert decode(synth_prompt(72, seed=0)) == "tkgnkuh jxfddcuz zvxisxrmc iqfolnb xcvsuqpvi sbxfud lcinycoso fuohcuige "
+    assert decode(synth_prompt(40, seed=1_000_003 * 3 + 17)) == "itqmgn pvp gtisuc co yjgusvweg kogdhpuae"
+    assert synth_prompt(1, seed=5) == [116]
+    assert synth_prompt(9, seed=2**40) == [106, 98, 32, 107, 32, 99, 114, 114, 105]
+    assert synth_prompt(0, seed=3) == []
+
+
+def test_synth_prompts_equal_the_reference_loop(monkeypatch) -> None:
+    lengths = [*range(0, 140), 1000, 5000, 20_000]
+    seeds = [s * 7919 - 300 for s in range(len(lengths))]  # negative ones too: random uses abs(seed)
+    want = [_synth_prompt_reference(n, s) for n, s in zip(lengths, seeds)]
+    assert synth_prompts(lengths, seeds) == want
+    assert [synth_prompt(n, s) for n, s in zip(lengths, seeds)] == want
+    assert synth_prompts([200], [2**70 + 1]) == [_synth_prompt_reference(200, 2**70 + 1)]  # a multi-word seed
+    # Small numpy batches, and too few outputs drawn up front: every prompt takes the redraw path.
+    monkeypatch.setattr(tokenizer, "_BATCH_DRAWS", 500)
+    monkeypatch.setattr(tokenizer, "_DRAWS_PER_CHAR", 1)
+    monkeypatch.setattr(tokenizer, "_DRAWS_SPARE", 0)
+    assert synth_prompts(lengths, seeds) == want
+
+
+def test_synth_prompts_refuse_bad_input() -> None:
+    with pytest.raises(ValueError, match="length must be >= 0"):
+        synth_prompt(-1, seed=0)
+    with pytest.raises(ValueError, match="2 lengths but 1 seeds"):
+        synth_prompts([1, 2], [0])

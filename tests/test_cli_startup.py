@@ -1,0 +1,32 @@
+"""`itertrace` start-up: building the parser imports no heavy library, and the values written out for that agree."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from itertrace.ingest import IngestOptions
+from itertrace.ingest.cli import BATCH_ROWS
+from itertrace.profiler.cli import MODES, POLICIES, PREEMPTIONS
+from itertrace.profiler.policies import Policy
+from itertrace.profiler.request import PreemptKind
+from itertrace.profiler.scheduler import Mode
+from itertrace.queries import output
+from itertrace.queries.cli import FORMATS
+
+HEAVY = ("numpy", "pyarrow", "duckdb", "torch", "altair", "pandas")
+
+
+def test_building_the_parser_imports_no_heavy_library():
+    # In a fresh interpreter: this one has imported them all already.
+    code = ("import sys; from itertrace.cli import build_parser; build_parser(); "
+            f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == ""
+
+
+def test_choices_written_out_for_the_parser_match_their_sources():
+    assert MODES == tuple(m.value for m in Mode)
+    assert POLICIES == tuple(p.value for p in Policy)
+    assert PREEMPTIONS == tuple(k.value for k in PreemptKind)
+    assert BATCH_ROWS == IngestOptions.batch_rows
+    assert FORMATS == output.FORMATS
