@@ -10,17 +10,21 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from itertrace.errors import UserError
-from itertrace.profiler import experiments
-from itertrace.profiler.policies import Policy
-from itertrace.profiler.request import PreemptKind
-from itertrace.profiler.scheduler import Mode, SchedulerConfig
-from itertrace.profiler.session import ModelSpec, RunSpec, run
-from itertrace.profiler.summary_table import format_experiment, format_summary
-from itertrace.profiler import workloads as wl
+
+# The engine (numpy, pyarrow) is imported by the commands that run it, not to build the parser:
+# `itertrace --help` and the other parts' commands do not pay for it.
+if TYPE_CHECKING:
+    from itertrace.profiler.session import RunSpec
+    from itertrace.profiler.workloads import RequestSpec
 
 WORKLOADS = ("worked-example", "slot-time-uniform", "slot-time-variable", "synthetic")
+# The values of Mode, Policy and PreemptKind, written out for the same reason (tests check they agree).
+MODES = ("static", "continuous")
+POLICIES = ("fcfs", "srw", "edf", "priority")
+PREEMPTIONS = ("recompute", "swap", "reject")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -76,13 +80,13 @@ def _share(text: str) -> float:
 
 def _engine_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("scheduler")
-    g.add_argument("--mode", choices=[m.value for m in Mode], default="continuous")
-    g.add_argument("--policy", choices=[x.value for x in Policy], default="fcfs")
+    g.add_argument("--mode", choices=MODES, default="continuous")
+    g.add_argument("--policy", choices=POLICIES, default="fcfs")
     g.add_argument("--capacity", type=_positive, default=16, help="sequence budget: slots per batch")
     g.add_argument("--token-budget", type=_positive, default=2048, help="tokens per iteration")
     g.add_argument("--no-chunked-prefill", action="store_true", help="a prompt must fit one iteration")
     g.add_argument("--decode-reserve", type=_share, default=0.0, help="share of the token budget prefill never uses")
-    g.add_argument("--preemption", choices=[k.value for k in PreemptKind], default="recompute")
+    g.add_argument("--preemption", choices=PREEMPTIONS, default="recompute")
     g.add_argument("--aging", type=_positive, default=256, help="priority policy: iterations of waiting worth one class")
     k = p.add_argument_group("KV cache")
     k.add_argument("--block-size", type=_positive, default=16)
@@ -103,6 +107,11 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
 
 
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
+    from itertrace.profiler.policies import Policy
+    from itertrace.profiler.request import PreemptKind
+    from itertrace.profiler.scheduler import Mode, SchedulerConfig
+    from itertrace.profiler.session import ModelSpec, RunSpec
+
     sched = SchedulerConfig(
         mode=Mode(args.mode), policy=Policy(args.policy), max_num_seqs=args.capacity,
         max_num_batched_tokens=args.token_budget, chunked_prefill=not args.no_chunked_prefill,
@@ -121,7 +130,9 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
     return spec
 
 
-def _workload(args: argparse.Namespace) -> list[wl.RequestSpec]:
+def _workload(args: argparse.Namespace) -> list[RequestSpec]:
+    from itertrace.profiler import workloads as wl
+
     name = args.workload
     if name == "worked-example":
         return wl.worked_example()
@@ -159,6 +170,10 @@ def _fresh_dir(out: Path | None) -> tuple[Path, Path]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from itertrace.profiler import workloads as wl
+    from itertrace.profiler.session import run
+    from itertrace.profiler.summary_table import format_summary
+
     spec = spec_from_args(args)
     specs = _workload(args)
     reqs = wl.build_requests(specs, seed=args.seed)
@@ -180,6 +195,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
+    from itertrace.profiler import experiments
+    from itertrace.profiler.summary_table import format_experiment
+
     spec = spec_from_args(args)
     if args.out is not None and args.out.exists() and any(args.out.iterdir()):
         raise UserError(f"--out {args.out}: already exists and is not empty; choose another directory")
@@ -202,7 +220,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     spec = replace(spec_from_args(args), runner="torch")
     cost, stats = calibrate(spec)
     save(cost, stats, spec, args.out)
-    print(f"fixed {cost.fixed_ns / 1e6:.3f} ms + {cost.per_token_ns / 1e3:.2f} us/token + "
+    print(f"fixed {cost.fixed_ns / 1e6:.3f} ms + {cost.per_seq_ns / 1e3:.1f} us/sequence + "
+          f"{cost.per_token_ns / 1e3:.2f} us/token + "
           f"{cost.per_context_token_ns:.1f} ns/context token (R^2 {stats['r2']:.3f}, "
           f"{stats['iterations']} iterations); wrote {args.out}")
     return 0

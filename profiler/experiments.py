@@ -60,66 +60,109 @@ def static_idle_prediction(lengths: list[int], capacity: int) -> int:
     return idle
 
 
-def slot_time(spec: RunSpec, n: int, out: Path | None = None, prompt_tokens: int = 32) -> dict:
-    """Capacity 16, queue never empty, two workloads of mean output 128, static and continuous."""
+def slot_time(spec: RunSpec, n: int, out: Path | None = None, prompt_tokens: int = 32, repeats: int = 1) -> dict:
+    """Capacity 16, queue never empty, two workloads of mean output 128, static and continuous.
+
+    With `repeats` > 1 (for timed runners on a shared machine) each workload's runs alternate
+    static, continuous, continuous, static, ...: the schedule is the same every time, so only the
+    timing varies, and load that drifts over the runs weighs on both modes alike. A row's throughput
+    is then its tokens over its runs' total time; its other columns come from its first run (the one
+    whose logs are written).
+    """
     capacity = 16
     rows = []
     for kind in ("uniform", "variable"):
         specs = slot_time_specs(kind, n, prompt_tokens, spec.seed)
         lengths = [s.output_tokens for s in specs]
-        for mode in (Mode.STATIC, Mode.CONTINUOUS):
+        order = [m for i in range(repeats) for m in ((Mode.STATIC, Mode.CONTINUOUS) if i % 2 == 0
+                                                     else (Mode.CONTINUOUS, Mode.STATIC))]
+        results: dict[Mode, list] = {Mode.STATIC: [], Mode.CONTINUOUS: []}
+        for mode in order:
             s = replace(spec, scheduler=replace(spec.scheduler, mode=mode, max_num_seqs=capacity,
                                                 max_num_batched_tokens=max(spec.scheduler.max_num_batched_tokens,
                                                                            capacity * prompt_tokens)))
             reqs = build_requests(specs, seed=spec.seed)
-            res = run(s, reqs, run_dir=_dir(out, f"slot-time-{kind}-{mode.value}"), workload=f"slot-time-{kind}")
-            row = {"workload": kind, "mode": mode.value, **summarize(res, capacity)}
+            first = not results[mode]
+            res = run(s, reqs, run_dir=_dir(out, f"slot-time-{kind}-{mode.value}") if first else None,
+                      workload=f"slot-time-{kind}")
+            results[mode].append(summarize(res, capacity) | {"_res": res})
+        for mode in (Mode.STATIC, Mode.CONTINUOUS):
+            runs = results[mode]
+            res = runs[0].pop("_res")
+            row = {"workload": kind, "mode": mode.value, **runs[0]}
+            if repeats > 1:
+                row["wall_s_runs"] = [r["wall_s"] for r in runs]
+                row["wall_s"] = sum(row["wall_s_runs"]) / len(runs)
+                row["throughput_tok_s"] = row["output_tokens"] / row["wall_s"]
             row["output_len_mean"] = statistics.fmean(lengths)
             row["output_len_stdev"] = statistics.pstdev(lengths)
             row["idle_share"] = res.idle_slot_iterations / max(1, res.iterations * capacity)
             if mode is Mode.STATIC:
                 row["idle_predicted_from_lengths"] = static_idle_prediction(lengths, capacity)
             rows.append(row)
+            for r in runs[1:]:
+                r.pop("_res")
     ratios = {}
     for kind in ("uniform", "variable"):
         by_mode = {r["mode"]: r for r in rows if r["workload"] == kind}
         ratios[kind] = by_mode["continuous"]["throughput_tok_s"] / by_mode["static"]["throughput_tok_s"]
     return {"experiment": "slot-time", "runner": spec.runner, "simulated": spec.runner == "simulated",
-            "requests_per_workload": n, "capacity": capacity, "rows": rows,
+            "requests_per_workload": n, "capacity": capacity, "repeats": repeats, "rows": rows,
             "continuous_over_static": ratios, "conclusion": _conclusion(rows, ratios)}
 
 
 def slot_time_runners(spec: RunSpec, n_torch: int, n_full: int, out: Path | None = None,
-                      cost: CostModel | None = None) -> dict:
+                      cost: CostModel | None = None, repeats: int = 2) -> dict:
     """The slot-time experiment on the torch runner, beside the simulated runner with a cost model fitted here.
 
     The continuous/static ratio depends on the number of requests (the last static batches and the
     continuous run's drain weigh more in a short run), so the runners are compared at the same size;
-    the simulated runner also runs at full size.
+    the simulated runner also runs at full size. The torch runs alternate static and continuous
+    `repeats` times (see slot_time): on a shared machine one run's wall time varies by ~10% with
+    other processes' load, as much as the agreement asked for. The schedule does not depend on time, so at the same
+    size both runners run the same batches, and each run's simulated time against its torch time shows
+    where the cost model and the torch runner part.
     """
     torch_spec = replace(spec, runner="torch")
-    result = slot_time(torch_spec, n_torch, _dir(out, "torch"))
     fit = None
     if cost is None:
         from itertrace.profiler.calibrate import calibrate
 
-        cost, fit = calibrate(torch_spec, n=48)
+        cost, fit = calibrate(torch_spec)
+    # warm-up: the first forward passes of a process build kernels and fault in memory, which would
+    # land in the first timed run (the uniform static one) alone
+    run(torch_spec, build_requests(slot_time_specs("variable", 16, 32, spec.seed + 1), seed=spec.seed))
+    result = slot_time(torch_spec, n_torch, _dir(out, "torch"), repeats=repeats)
     sim_spec = replace(spec, runner="simulated", cost=cost)
     same = slot_time(sim_spec, n_torch, _dir(out, "simulated-same-size"))
     full = slot_time(sim_spec, n_full, _dir(out, "simulated-full-size"))
-    diffs = {k: abs(same["continuous_over_static"][k] / v - 1) for k, v in result["continuous_over_static"].items()}
+    torch_ratios, sim_ratios = result["continuous_over_static"], same["continuous_over_static"]
+    ratio_of_ratios = {k: sim_ratios[k] / v for k, v in torch_ratios.items()}
+    diffs = {k: abs(v - 1) for k, v in ratio_of_ratios.items()}
+    sim_time = {(r["workload"], r["mode"]): r["wall_s"] for r in same["rows"]}
     result["agreement"] = {
-        "cost_model": {"fixed_ns": cost.fixed_ns, "per_token_ns": cost.per_token_ns,
+        "cost_model": {"fixed_ns": cost.fixed_ns, "per_seq_ns": cost.per_seq_ns, "per_token_ns": cost.per_token_ns,
                        "per_context_token_ns": cost.per_context_token_ns, "source": cost.source},
         "fit": fit,
-        "simulated_ratios": same["continuous_over_static"],
+        "torch_ratios": torch_ratios,
+        "simulated_ratios": sim_ratios,
+        "ratio_of_ratios": ratio_of_ratios,
         "relative_diff": diffs,
         "max_rel_diff": max(diffs.values()),
+        "run_time_simulated_over_torch": {f"{r['workload']} {r['mode']}": sim_time[(r["workload"], r["mode"])] / r["wall_s"]
+                                          for r in result["rows"]},
+        "torch_threads": _torch_threads(),
         "full_size_requests": n_full,
         "full_size_ratios": full["continuous_over_static"],
         "full_size_rows": full["rows"],
     }
     return result
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def _conclusion(rows: list[dict], ratios: dict[str, float]) -> str:

@@ -51,7 +51,11 @@ class AttentionMetadata:
     """Where each sequence's tokens sit in the flat batch and in the paged KV cache.
 
     Prefill chunks (more than one query token) are attended one sequence at a time; decodes (one query
-    token) are attended together in one padded call.
+    token) are attended together in one varlen call that reads each decode's own context and nothing
+    more, as a paged attention kernel does: its cost follows the sum of the decodes' contexts, which
+    is what the simulated runner's cost model charges (a padded call would read decodes x longest
+    context, and so charge a batch that mixes long and short contexts, as continuous batching makes,
+    for keys it never uses).
     """
 
     slot_mapping: Tensor  # [T] cache slot that receives each token's K and V
@@ -67,14 +71,24 @@ class AttentionMetadata:
     decode_context_lens: Tensor  # [D] keys each decode attends to
 
     @cached_property
-    def decode_mask(self) -> Tensor:
-        """[D, 1, 1, max_blocks * block_size] bool, True = key within the context; built once per forward.
+    def decode_keys(self) -> tuple[Tensor, Tensor, Tensor]:
+        """The decodes' cache blocks as one flat list: block ids [B], the decode each belongs to [B], and
+        [B, block_size] True where a key lies past its decode's context (only in a decode's last block).
 
-        Built here, on the model's side, as a varlen attention kernel would: prepare only states lengths.
+        B is the sum of the decodes' ceil(context / block_size). Built once per forward, on the model's
+        side, as a varlen attention kernel would: prepare only states block tables and lengths.
         """
-        keys = self.decode_block_tables.shape[1] * self.block_size
-        positions = torch.arange(keys, device=self.decode_context_lens.device)
-        return (positions[None, :] < self.decode_context_lens[:, None])[:, None, None, :]
+        bs, lens, tables = self.block_size, self.decode_context_lens, self.decode_block_tables  # lens: [D]
+        held = torch.div(lens + bs - 1, bs, rounding_mode="floor")  # [D] blocks each context fills
+        seq, j = (torch.arange(tables.shape[1], device=lens.device)[None, :] < held[:, None]).nonzero(as_tuple=True)
+        past = (j * bs)[:, None] + torch.arange(bs, device=lens.device)[None, :] >= lens[seq][:, None]  # [B, bs]
+        return tables[seq, j], seq, past
+
+
+# Keys one step of decode attention reads at a time: 1024 keys x 4 heads x 64 dims in float32 is 1 MiB
+# per temporary, which stays in a core's cache; unchunked, a 16-decode batch of 1000-token contexts
+# made 16 MiB temporaries and cost about twice as much per key as a short one.
+DECODE_CHUNK_KEYS = 1024
 
 
 class RMSNorm(nn.Module):
@@ -151,11 +165,40 @@ class Attention(nn.Module):
             values = gather_blocks(v_cache, blocks).flatten(0, 1)[:context_len]
             out[first:end] = self._attend(q[first:end].transpose(0, 1), keys, values, mask).transpose(0, 1)
         if meta.decode_rows.numel():
-            keys = gather_blocks(k_cache, meta.decode_block_tables).flatten(1, 2)  # [D, max_ctx, kv_heads, hd]
-            values = gather_blocks(v_cache, meta.decode_block_tables).flatten(1, 2)
-            queries = q[meta.decode_rows].unsqueeze(2)  # [D, heads, 1, head_dim]
-            out[meta.decode_rows] = self._attend(queries, keys, values, meta.decode_mask).squeeze(2)
+            out[meta.decode_rows] = self._attend_decodes(q[meta.decode_rows], k_cache, v_cache, meta)
         return self.o_proj(out.view(tokens, self.num_heads * self.head_dim))
+
+    def _attend_decodes(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata) -> Tensor:
+        """One query token per decode against exactly its own context's blocks (varlen: no padding).
+
+        Over the flat list of the decodes' blocks: scores, a softmax within each decode's keys (segment
+        max, exp, segment sum) and the weighted sum of values. Keys and values are read in chunks of
+        DECODE_CHUNK_KEYS, so the temporaries stay in a core's cache and the cost stays linear in the sum
+        of the decodes' contexts (rounded up to whole blocks) at any batch size.
+        """
+        # q: [D, heads, hd]; k_cache, v_cache: [num_blocks, block_size, kv_heads, hd] -> [D, heads, hd]
+        blocks, seq, past = meta.decode_keys  # [B], [B], [B, bs]
+        d, kv, group, hd = q.shape[0], self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
+        n, bs = len(blocks), meta.block_size
+        step = max(1, DECODE_CHUNK_KEYS // bs)  # blocks per chunk
+        # query head h reads KV head h // group, as in HF's repeat_kv
+        queries = torch.index_select(q.view(d, kv, group, hd), 0, seq)[:, None]  # [B, 1, kv_heads, group, hd]
+        scores = torch.empty((n, bs, kv, group), dtype=q.dtype, device=q.device)
+        for c in range(0, n, step):
+            keys = gather_blocks(k_cache, blocks[c:c + step])[:, :, :, None, :]  # [b, bs, kv_heads, 1, hd]
+            torch.sum(keys * queries[c:c + step], -1, out=scores[c:c + step])
+        scores.mul_(hd**-0.5).masked_fill_(past[:, :, None, None], float("-inf"))
+        index = seq[:, None, None].expand(n, kv, group)  # [B, kv_heads, group]
+        peak = torch.full((d, kv, group), float("-inf"), dtype=q.dtype, device=q.device)
+        peak = peak.scatter_reduce(0, index, scores.amax(1), "amax")  # [D, kv_heads, group]
+        weights = (scores - peak.index_select(0, seq)[:, None]).exp()[..., None]  # [B, bs, kv_heads, group, 1]
+        total = torch.zeros_like(peak).index_add_(0, seq, weights.sum((1, 4)))  # [D, kv_heads, group]
+        part = torch.empty((n, kv, group, hd), dtype=q.dtype, device=q.device)
+        for c in range(0, n, step):
+            values = gather_blocks(v_cache, blocks[c:c + step])[:, :, :, None, :]  # [b, bs, kv_heads, 1, hd]
+            torch.sum(weights[c:c + step] * values, 1, out=part[c:c + step])
+        out = torch.zeros((d, kv, group, hd), dtype=q.dtype, device=q.device).index_add_(0, seq, part)
+        return (out / total[..., None]).view(d, self.num_heads, hd)
 
     def _attend(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
         """Scaled dot-product attention with each KV head shared by num_heads / num_kv_heads query heads."""

@@ -11,18 +11,24 @@ from itertrace.profiler.clock import SimClock
 
 @dataclass(frozen=True)
 class CostModel:
-    """Forward time = fixed + per scheduled token + per context token read (+ per swapped block)."""
+    """Iteration time = fixed + per sequence + per scheduled token + per context token read (+ per swapped block).
+
+    Context tokens are each sequence's own context (start position + tokens), as a paged (varlen)
+    attention kernel reads them; the torch runner's attention reads the same (profiler/model.py).
+    """
 
     fixed_ns: float = 8_000_000.0  # weights read once per iteration
     per_token_ns: float = 60_000.0  # each scheduled token's matmul share
     per_context_token_ns: float = 150.0  # attention reads of cached KV
     per_swap_block_ns: float = 20_000.0
     source: str = "default"  # "default", or where calibrated coefficients came from
+    per_seq_ns: float = 0.0  # each sequence's own work: its attention call's share, sampling, bookkeeping
 
     def forward_ns(self, batch: Batch) -> int:
         tokens = len(batch.token_ids)
         context = int(batch.start_pos.sum()) + tokens  # KV positions attention reads, as a paged kernel does
-        return int(self.fixed_ns + self.per_token_ns * tokens + self.per_context_token_ns * context)
+        return int(self.fixed_ns + self.per_seq_ns * len(batch.start_pos) + self.per_token_ns * tokens
+                   + self.per_context_token_ns * context)
 
 
 class SimulatedRunner:

@@ -59,15 +59,29 @@ def format_experiment(result: dict) -> str:
         ratios = ", ".join(f"{k} x{v:.3f}" for k, v in result["continuous_over_static"].items())
         extra = ""
         if "agreement" in result:
-            a = result["agreement"]
-            sim = ", ".join(f"{k} x{v:.3f}" for k, v in a["simulated_ratios"].items())
-            full = ", ".join(f"{k} x{v:.3f}" for k, v in a["full_size_ratios"].items())
-            c = a["cost_model"]
-            extra = (f"\nsimulated runner, cost model fitted here (fixed {c['fixed_ns'] / 1e6:.2f} ms + "
-                     f"{c['per_token_ns'] / 1e3:.1f} us/token + {c['per_context_token_ns']:.1f} ns/context token):"
-                     f"\n  same size: {sim}; largest difference from the torch runner: {100 * a['max_rel_diff']:.1f}%"
-                     f"\n  full size ({a['full_size_requests']} requests per workload): {full}")
+            extra = "\n" + format_agreement(result)
         return (f"{head}\ncapacity {result['capacity']}, {result['requests_per_workload']} requests per workload\n"
                 f"{body}\ncontinuous/static throughput: {ratios}{extra}\n\n{result['conclusion']}")
     cols = list(result["rows"][0])
     return f"{head}\n{table(cols, [[r[c] for c in cols] for r in result['rows']])}"
+
+
+def format_agreement(result: dict) -> str:
+    """The torch and simulated runners' continuous/static ratios side by side, and how far apart they are."""
+    a = result["agreement"]
+    c = a["cost_model"]
+    fit = f", fit R^2 {a['fit']['r2']:.3f}" if a.get("fit") else ""
+    rows = [[k, a["torch_ratios"][k], a["simulated_ratios"][k], f"{100 * (a['ratio_of_ratios'][k] - 1):+.1f}%"]
+            for k in a["torch_ratios"]]
+    times = ", ".join(f"{k} {100 * (v - 1):+.1f}%" for k, v in a["run_time_simulated_over_torch"].items())
+    full = ", ".join(f"{k} x{v:.3f}" for k, v in a["full_size_ratios"].items())
+    runs = result.get("repeats", 1)
+    each = f", {runs} runs per mode alternating" if runs > 1 else ""
+    return (f"continuous/static throughput, torch runner ({a['torch_threads']} threads{each}) vs simulated runner at "
+            f"the same size ({result['requests_per_workload']} requests per workload):\n"
+            + table(["workload", "torch", "simulated", "simulated/torch - 1"], rows)
+            + f"\nlargest difference: {100 * a['max_rel_diff']:.1f}%"
+            + f"\ncost model fitted here (fixed {c['fixed_ns'] / 1e6:.2f} ms + {c.get('per_seq_ns', 0) / 1e3:.1f} us/sequence"
+            f" + {c['per_token_ns'] / 1e3:.1f} us/token + {c['per_context_token_ns']:.1f} ns/context token{fit})"
+            + f"\neach run's simulated time vs its torch time: {times}"
+            + f"\nsimulated runner at full size ({a['full_size_requests']} requests per workload): {full}")

@@ -155,3 +155,30 @@ def test_transformers_5_rope_parameters_are_read(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(raw))
     with pytest.raises(UserError, match="config.json: rope_parameters=.*yarn"):
         load_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("chunk_keys", [4, 1024])
+@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (8, 2)])
+def test_decode_attention_reads_each_context_exactly(monkeypatch, chunk_keys, heads, kv_heads) -> None:
+    """Varlen decode attention (chunked or not) equals dense softmax attention over each decode's own keys."""
+    from itertrace.profiler import model as model_mod
+    from itertrace.profiler.model import Attention, AttentionMetadata
+
+    monkeypatch.setattr(model_mod, "DECODE_CHUNK_KEYS", chunk_keys)
+    config = ModelConfig(hidden_size=64, num_heads=heads, num_kv_heads=kv_heads, intermediate_size=96)
+    attn, hd, bs = Attention(config), config.head_dim, 4
+    gen = torch.Generator().manual_seed(0)
+    k_cache, v_cache = (torch.randn(40, bs, kv_heads, hd, generator=gen) for _ in range(2))
+    lens = torch.tensor([1, 9, 4, 23])  # a lone key, partial last blocks, a whole block, a long context
+    width = -(-int(lens.max()) // bs)
+    tables = torch.randperm(40, generator=gen)[:len(lens) * width].view(len(lens), width)
+    meta = AttentionMetadata(slot_mapping=torch.zeros(0, dtype=torch.long), block_size=bs, prefill_query_ranges=[],
+                             prefill_block_tables=[], prefill_context_lens=[], prefill_masks=[],
+                             decode_rows=torch.arange(len(lens)), decode_block_tables=tables, decode_context_lens=lens)
+    q = torch.randn(len(lens), heads, hd, generator=gen)
+    got = attn._attend_decodes(q, k_cache, v_cache, meta)
+    for i, n in enumerate(lens.tolist()):
+        keys = k_cache[tables[i]].flatten(0, 1)[:n].repeat_interleave(heads // kv_heads, dim=1)  # [n, heads, hd]
+        values = v_cache[tables[i]].flatten(0, 1)[:n].repeat_interleave(heads // kv_heads, dim=1)
+        weights = torch.einsum("hd,nhd->hn", q[i], keys).div(math.sqrt(hd)).softmax(-1)
+        torch.testing.assert_close(got[i], torch.einsum("hn,nhd->hd", weights, values), rtol=1e-5, atol=1e-6)

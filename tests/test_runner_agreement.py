@@ -7,6 +7,7 @@ from itertrace.profiler import experiments
 from itertrace.profiler.calibrate import calibrate
 from itertrace.profiler.session import ModelSpec, RunSpec
 from itertrace.profiler.sim_runner import CostModel
+from itertrace.profiler.summary_table import format_experiment
 
 
 def test_calibration_recovers_a_known_cost_model():
@@ -27,8 +28,17 @@ def test_torch_and_simulated_runners_see_the_same_schedule():
     torch_rows = {(r["workload"], r["mode"]): r for r in result["rows"]}
     # the schedule does not depend on time: iterations and idle slots match the simulated run exactly
     same_size = experiments.slot_time(RunSpec(num_blocks=1200, cost=CostModel(**{
-        k: a["cost_model"][k] for k in ("fixed_ns", "per_token_ns", "per_context_token_ns")})), 16)
+        k: a["cost_model"][k] for k in ("fixed_ns", "per_seq_ns", "per_token_ns", "per_context_token_ns")})), 16)
     for row in same_size["rows"]:
         t = torch_rows[(row["workload"], row["mode"])]
         assert (t["iterations"], t["idle_slot_iterations"]) == (row["iterations"], row["idle_slot_iterations"])
     assert set(a["relative_diff"]) == {"uniform", "variable"} and a["fit"]["iterations"] > 10
+    assert all(len(r["wall_s_runs"]) == 2 for r in result["rows"])  # static and continuous alternate, twice each
+    for kind in ("uniform", "variable"):  # the ratio of ratios is the simulated ratio over the torch ratio
+        assert a["ratio_of_ratios"][kind] == pytest.approx(a["simulated_ratios"][kind] / a["torch_ratios"][kind])
+    text = format_experiment(result)
+    assert "torch runner (" in text and "simulated/torch - 1" in text and "largest difference" in text
+    agreement = text[text.index("simulated/torch - 1"):].splitlines()
+    for kind in ("uniform", "variable"):
+        line = next(x for x in agreement if x.split()[:1] == [kind])
+        assert f"{a['torch_ratios'][kind]:.4g}" in line and f"{100 * (a['ratio_of_ratios'][kind] - 1):+.1f}%" in line
