@@ -100,7 +100,7 @@ class TorchRunner:
     def prepare(self, batch: Batch) -> PreparedBatch:
         """Positions, slot mapping and attention metadata for the batch, as vector operations.
 
-        Decodes (one token) share one padded attention call; longer chunks are attended one at a time.
+        Decodes (one token) are attended in one call, each over its own context; longer chunks one at a time.
         """
         if batch.block_size != self.block_size:
             raise ValueError(f"batch block_size {batch.block_size} != runner block_size {self.block_size}")
