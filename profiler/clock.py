@@ -13,9 +13,20 @@ class WallClock:
     def __init__(self) -> None:
         self._t0 = time.perf_counter_ns()
         self.epoch_unix_ns = time.time_ns()  # wall time at t = 0, for humans; joins use ids, not clocks
+        self._paused_at: int | None = None
 
     def now_ns(self) -> int:
         return time.perf_counter_ns() - self._t0
+
+    def pause(self) -> None:
+        """Stop the clock (while another engine takes its turn: session.run_in_turn)."""
+        self._paused_at = time.perf_counter_ns()
+
+    def resume(self) -> None:
+        """Start it again where it stopped: the time it was paused never shows in its readings."""
+        if self._paused_at is not None:
+            self._t0 += time.perf_counter_ns() - self._paused_at
+            self._paused_at = None
 
     def sleep_until(self, t_ns: int) -> None:
         delay = t_ns - self.now_ns()
@@ -38,6 +49,12 @@ class SimClock:
 
     def advance(self, dt_ns: int) -> None:
         self._t += int(dt_ns)
+
+    def pause(self) -> None:  # virtual time does not move while another engine runs anyway
+        pass
+
+    def resume(self) -> None:
+        pass
 
     def sleep_until(self, t_ns: int) -> None:
         self._t = max(self._t, int(t_ns))

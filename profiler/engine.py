@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import bisect
 import gc
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -114,11 +114,20 @@ class Engine:
         """Run the requests until every one reaches a terminal state."""
         gc.freeze()  # the requests live for the whole run: spare them the collector's full passes
         try:
-            return self._run(requests)
+            steps = self.steps(requests)
+            while True:
+                try:
+                    next(steps)
+                except StopIteration as done:
+                    return done.value
         finally:
             gc.unfreeze()
 
-    def _run(self, requests: Iterable[Request]) -> RunResult:
+    def steps(self, requests: Iterable[Request]) -> Generator[None, None, RunResult]:
+        """The run as a generator: it pauses before each pass of the loop and returns the RunResult.
+
+        `run` drives it to the end; session.run_in_turn drives several at once, a pass each in turn.
+        """
         pending = sorted(requests, key=lambda r: (r.arrival_ns, r.request_id))
         cancels: dict[int, list[int]] = {}
         for req in pending:
@@ -133,6 +142,7 @@ class Engine:
         next_arrival, iteration, idle_runs = 0, 0, 0
         result = RunResult(pending, self._times, 0, 0, 0, 0, clock.now_ns(), 0, bool(self.runner.simulated))
         while next_arrival < len(pending) or sched.has_work():
+            yield
             now = clock.now_ns()
             upto = bisect.bisect_right(arrivals, now, lo=next_arrival)
             for req in pending[next_arrival:upto]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from itertrace.profiler.policies import Policy
 from itertrace.profiler.request import Phase, PreemptKind
 from itertrace.profiler.scheduler import Mode
-from itertrace.profiler.session import RunSpec, run, summarize
+from itertrace.profiler.session import RunSpec, run, run_in_turn, summarize
 from itertrace.profiler.sim_runner import CostModel
 from itertrace.profiler.workloads import RequestSpec, build_requests, worked_example as we_specs
 from itertrace.profiler.workloads import slot_time as slot_time_specs
@@ -60,66 +60,52 @@ def static_idle_prediction(lengths: list[int], capacity: int) -> int:
     return idle
 
 
-def slot_time(spec: RunSpec, n: int, out: Path | None = None, prompt_tokens: int = 32, repeats: int = 1) -> dict:
+def slot_time(spec: RunSpec, n: int, out: Path | None = None, prompt_tokens: int = 32, in_turn: bool = False) -> dict:
     """Capacity 16, queue never empty, two workloads of mean output 128, static and continuous.
 
-    With `repeats` > 1 (for timed runners on a shared machine) each workload's runs alternate
-    static, continuous, continuous, static, ...: the schedule is the same every time, so only the
-    timing varies, and load that drifts over the runs weighs on both modes alike. A row's throughput
-    is then its tokens over its runs' total time; its other columns come from its first run (the one
-    whose logs are written).
+    With `in_turn` (for timed runners on a shared machine) the four runs go in one process, an
+    iteration each in turn (session.run_in_turn), so that load from other processes, which changes
+    one run's wall time by 10-30% here, falls on all four alike.
     """
     capacity = 16
-    rows = []
+    jobs, shapes = [], []
     for kind in ("uniform", "variable"):
         specs = slot_time_specs(kind, n, prompt_tokens, spec.seed)
-        lengths = [s.output_tokens for s in specs]
-        order = [m for i in range(repeats) for m in ((Mode.STATIC, Mode.CONTINUOUS) if i % 2 == 0
-                                                     else (Mode.CONTINUOUS, Mode.STATIC))]
-        results: dict[Mode, list] = {Mode.STATIC: [], Mode.CONTINUOUS: []}
-        for mode in order:
+        for mode in (Mode.STATIC, Mode.CONTINUOUS):
             s = replace(spec, scheduler=replace(spec.scheduler, mode=mode, max_num_seqs=capacity,
                                                 max_num_batched_tokens=max(spec.scheduler.max_num_batched_tokens,
                                                                            capacity * prompt_tokens)))
-            reqs = build_requests(specs, seed=spec.seed)
-            first = not results[mode]
-            res = run(s, reqs, run_dir=_dir(out, f"slot-time-{kind}-{mode.value}") if first else None,
-                      workload=f"slot-time-{kind}")
-            results[mode].append(summarize(res, capacity) | {"_res": res})
-        for mode in (Mode.STATIC, Mode.CONTINUOUS):
-            runs = results[mode]
-            res = runs[0].pop("_res")
-            row = {"workload": kind, "mode": mode.value, **runs[0]}
-            if repeats > 1:
-                row["wall_s_runs"] = [r["wall_s"] for r in runs]
-                row["wall_s"] = sum(row["wall_s_runs"]) / len(runs)
-                row["throughput_tok_s"] = row["output_tokens"] / row["wall_s"]
-            row["output_len_mean"] = statistics.fmean(lengths)
-            row["output_len_stdev"] = statistics.pstdev(lengths)
-            row["idle_share"] = res.idle_slot_iterations / max(1, res.iterations * capacity)
-            if mode is Mode.STATIC:
-                row["idle_predicted_from_lengths"] = static_idle_prediction(lengths, capacity)
-            rows.append(row)
-            for r in runs[1:]:
-                r.pop("_res")
+            jobs.append((s, build_requests(specs, seed=spec.seed), _dir(out, f"slot-time-{kind}-{mode.value}"),
+                         f"slot-time-{kind}"))
+            shapes.append((kind, mode, [r.output_tokens for r in specs]))
+    results = run_in_turn(jobs) if in_turn else [run(s, reqs, run_dir=d, workload=w) for s, reqs, d, w in jobs]
+    rows = []
+    for (kind, mode, lengths), res in zip(shapes, results):
+        row = {"workload": kind, "mode": mode.value, **summarize(res, capacity)}
+        row["output_len_mean"] = statistics.fmean(lengths)
+        row["output_len_stdev"] = statistics.pstdev(lengths)
+        row["idle_share"] = res.idle_slot_iterations / max(1, res.iterations * capacity)
+        if mode is Mode.STATIC:
+            row["idle_predicted_from_lengths"] = static_idle_prediction(lengths, capacity)
+        rows.append(row)
     ratios = {}
     for kind in ("uniform", "variable"):
         by_mode = {r["mode"]: r for r in rows if r["workload"] == kind}
         ratios[kind] = by_mode["continuous"]["throughput_tok_s"] / by_mode["static"]["throughput_tok_s"]
     return {"experiment": "slot-time", "runner": spec.runner, "simulated": spec.runner == "simulated",
-            "requests_per_workload": n, "capacity": capacity, "repeats": repeats, "rows": rows,
+            "requests_per_workload": n, "capacity": capacity, "in_turn": in_turn, "rows": rows,
             "continuous_over_static": ratios, "conclusion": _conclusion(rows, ratios)}
 
 
 def slot_time_runners(spec: RunSpec, n_torch: int, n_full: int, out: Path | None = None,
-                      cost: CostModel | None = None, repeats: int = 2) -> dict:
+                      cost: CostModel | None = None) -> dict:
     """The slot-time experiment on the torch runner, beside the simulated runner with a cost model fitted here.
 
     The continuous/static ratio depends on the number of requests (the last static batches and the
     continuous run's drain weigh more in a short run), so the runners are compared at the same size;
-    the simulated runner also runs at full size. The torch runs alternate static and continuous
-    `repeats` times (see slot_time): on a shared machine one run's wall time varies by ~10% with
-    other processes' load, as much as the agreement asked for. The schedule does not depend on time, so at the same
+    the simulated runner also runs at full size. The four torch runs go an iteration each in turn
+    (see slot_time): on a shared machine one run's wall time varies by 10-30% with other processes'
+    load, more than the agreement asked for. The schedule does not depend on time, so at the same
     size both runners run the same batches, and each run's simulated time against its torch time shows
     where the cost model and the torch runner part.
     """
@@ -132,7 +118,7 @@ def slot_time_runners(spec: RunSpec, n_torch: int, n_full: int, out: Path | None
     # warm-up: the first forward passes of a process build kernels and fault in memory, which would
     # land in the first timed run (the uniform static one) alone
     run(torch_spec, build_requests(slot_time_specs("variable", 16, 32, spec.seed + 1), seed=spec.seed))
-    result = slot_time(torch_spec, n_torch, _dir(out, "torch"), repeats=repeats)
+    result = slot_time(torch_spec, n_torch, _dir(out, "torch"), in_turn=True)
     sim_spec = replace(spec, runner="simulated", cost=cost)
     same = slot_time(sim_spec, n_torch, _dir(out, "simulated-same-size"))
     full = slot_time(sim_spec, n_full, _dir(out, "simulated-full-size"))

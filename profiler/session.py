@@ -84,6 +84,38 @@ def run(spec: RunSpec, requests: list[Request], *, run_dir: Path | None = None, 
     return result
 
 
+def run_in_turn(jobs: list[tuple[RunSpec, list[Request], Path | None, str]]) -> list[RunResult]:
+    """Run several (spec, requests, run_dir, workload) jobs in one process, one loop pass each in turn.
+
+    For comparing timed runs on a shared machine: a burst of load from other processes falls on
+    every job's iterations alike instead of on whichever run happened to be going, and each job's
+    clock is paused while the others take their turns, so its times read as if it had run alone.
+    A job that finishes leaves the others to go on in turn.
+    """
+    turns, results = [], [None] * len(jobs)
+    for spec, requests, run_dir, workload in jobs:
+        clock, runner = make_runner(spec)
+        clock.pause()
+        log = RunLog(run_dir) if run_dir is not None else None
+        engine = Engine(Scheduler(spec.scheduler, BlockManager(spec.num_blocks, spec.block_size, spec.swap_blocks)),
+                        runner, clock, log=log)
+        turns.append((spec, runner, clock, log, workload, engine.steps(requests)))
+    live = list(range(len(jobs)))
+    while live:
+        for i in list(live):
+            spec, runner, clock, log, workload, steps = turns[i]
+            clock.resume()
+            try:
+                next(steps)
+            except StopIteration as done:
+                results[i] = done.value
+                live.remove(i)
+                if log is not None:
+                    log.close(run_metadata(spec, runner, clock, workload, done.value))
+            clock.pause()
+    return results
+
+
 def run_metadata(spec: RunSpec, runner, clock, workload: str, result: RunResult) -> dict:
     """run.json: configuration, runner, workload, seed, versions, clock source, summary."""
     versions = {}

@@ -75,8 +75,7 @@ def format_agreement(result: dict) -> str:
             for k in a["torch_ratios"]]
     times = ", ".join(f"{k} {100 * (v - 1):+.1f}%" for k, v in a["run_time_simulated_over_torch"].items())
     full = ", ".join(f"{k} x{v:.3f}" for k, v in a["full_size_ratios"].items())
-    runs = result.get("repeats", 1)
-    each = f", {runs} runs per mode alternating" if runs > 1 else ""
+    each = ", the four runs an iteration each in turn" if result.get("in_turn") else ""
     return (f"continuous/static throughput, torch runner ({a['torch_threads']} threads{each}) vs simulated runner at "
             f"the same size ({result['requests_per_workload']} requests per workload):\n"
             + table(["workload", "torch", "simulated", "simulated/torch - 1"], rows)
