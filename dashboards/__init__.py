@@ -17,10 +17,9 @@ chart; nothing shows or saves itself):
 """
 from __future__ import annotations
 
-import importlib
+from itertrace.lazy import lazy_exports
 
-# Where each public name lives; loaded on first use, so that `itertrace` commands that draw nothing
-# do not pay for importing Altair.
+# Where each public name lives: imported on first use (itertrace.lazy).
 _HOMES = {
     "ClassKind": "charts", "active_tokens_chart": "charts", "fairness_progress_chart": "charts",
     "host_gap_chart": "charts", "host_gap_distribution_chart": "charts", "host_gap_iterations_chart": "charts",
@@ -30,28 +29,5 @@ _HOMES = {
     "Written": "html", "render_html": "html", "write_report": "html",
 }
 
-
-def __getattr__(name: str):
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
-
-
-__all__ = [
-    "ClassKind",
-    "Report",
-    "Written",
-    "active_tokens_chart",
-    "build_report",
-    "fairness_progress_chart",
-    "host_gap_chart",
-    "host_gap_distribution_chart",
-    "host_gap_iterations_chart",
-    "iteration_timeline_chart",
-    "label_runs",
-    "latency_cdf_chart",
-    "membership_chart",
-    "render_html",
-    "slot_time_chart",
-    "write_report",
-]
+__getattr__ = lazy_exports(__name__, _HOMES)
+__all__ = sorted(_HOMES)

@@ -7,10 +7,9 @@ the nsys command line (capture, export, versions).
 """
 from __future__ import annotations
 
-import importlib
+from itertrace.lazy import lazy_exports
 
-# Where each public name lives; loaded on first use, so that importing a submodule (the `itertrace`
-# command imports itertrace.ingest.cli to list its subcommands) does not import DuckDB and pyarrow.
+# Where each public name lives: imported on first use (itertrace.lazy).
 _HOMES = {
     "IngestOptions": "api", "IngestResult": "api", "default_loaders": "api", "ingest": "api",
     "LoadContext": "loader", "Loader": "loader",
@@ -20,24 +19,5 @@ _HOMES = {
     "RunDirLoader": "rundir_loader",
 }
 
-
-def __getattr__(name: str):
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
-
-
-__all__ = [
-    "RAW_SCHEMA",
-    "IngestOptions",
-    "IngestResult",
-    "LoadContext",
-    "Loader",
-    "NsysLoader",
-    "Progress",
-    "RunDirLoader",
-    "SourceKind",
-    "default_loaders",
-    "ingest",
-    "normalized_tables",
-]
+__getattr__ = lazy_exports(__name__, _HOMES)
+__all__ = sorted(_HOMES)

@@ -80,7 +80,7 @@ def _observe(spec: RunSpec, mode: Mode, capacity: int, specs: list[RequestSpec],
     budget = max(512, sum(r.prompt_tokens for r in specs[:capacity]))  # a static batch's prompts in one iteration
     s = replace(spec, scheduler=replace(spec.scheduler, mode=mode, max_num_seqs=capacity,
                                         max_num_batched_tokens=budget if mode is Mode.STATIC else 512))
-    run(s, build_requests(specs, seed=spec.seed), on_iteration=observe, runner_and_clock=runner_and_clock())
+    run(s, build_requests(specs, seed=spec.seed), on_iteration=observe, runner_and_clock=runner_and_clock)
     return [tuple(r) for r in rows[:-1]]  # the last iteration has no successor to time it by
 
 
@@ -123,15 +123,14 @@ def calibrate(spec: RunSpec, n: int = 24, repeats: int = 3) -> tuple[CostModel, 
     spec = replace(spec, scheduler=replace(spec.scheduler, chunked_prefill=True))
     runs = design(n, spec.seed)
     made = make_runner(spec)  # one model for every run: a fresh model per run would be timed cold
-    again = lambda: made  # noqa: E731
     # warm-up: the first forward passes of a process build kernels and fault in memory; leave them out
-    _observe(spec, Mode.CONTINUOUS, 16, calibration_workload(8, spec.seed + 1), again)
+    _observe(spec, Mode.CONTINUOUS, 16, calibration_workload(8, spec.seed + 1), made)
     for label, mode, capacity, specs in runs[::3]:  # and one pass over the shapes, long contexts included
-        _observe(spec, mode, capacity, specs, again)
+        _observe(spec, mode, capacity, specs, made)
     timed: list[list[list[tuple]]] = [[] for _ in runs]
     for _ in range(repeats):
         for i, (label, mode, capacity, specs) in enumerate(runs):
-            timed[i].append(_observe(spec, mode, capacity, specs, again))
+            timed[i].append(_observe(spec, mode, capacity, specs, made))
     points, labels = [], []
     for (label, *_), reps in zip(runs, timed):
         shapes = {tuple(r[:4] for r in rows) for rows in reps}

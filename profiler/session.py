@@ -73,15 +73,24 @@ def run(spec: RunSpec, requests: list[Request], *, run_dir: Path | None = None, 
         runner_and_clock=None) -> RunResult:
     """Run `requests` under `spec`; with `run_dir`, write the run logs there."""
     clock, runner = runner_and_clock or make_runner(spec)
+    engine = _engine(spec, clock, runner, run_dir, keep_membership=keep_membership, keep_tokens=keep_tokens,
+                     progress=progress, on_iteration=on_iteration)
+    result = engine.run(requests)
+    _close(engine, spec, workload, result)
+    return result
+
+
+def _engine(spec: RunSpec, clock, runner, run_dir: Path | None, **options) -> Engine:
+    """An engine over a fresh scheduler and KV pool, logging to `run_dir` when given."""
     blocks = BlockManager(spec.num_blocks, spec.block_size, spec.swap_blocks)
     log = RunLog(run_dir) if run_dir is not None else None
-    engine = Engine(Scheduler(spec.scheduler, blocks), runner, clock, log=log,
-                    keep_membership=keep_membership, keep_tokens=keep_tokens, progress=progress,
-                    on_iteration=on_iteration)
-    result = engine.run(requests)
-    if log is not None:
-        log.close(run_metadata(spec, runner, clock, workload, result))
-    return result
+    return Engine(Scheduler(spec.scheduler, blocks), runner, clock, log=log, **options)
+
+
+def _close(engine: Engine, spec: RunSpec, workload: str, result: RunResult) -> None:
+    """Finish the run's logs with run.json."""
+    if engine.log is not None:
+        engine.log.close(run_metadata(spec, engine.runner, engine.clock, workload, result))
 
 
 def run_in_turn(jobs: list[tuple[RunSpec, list[Request], Path | None, str]]) -> list[RunResult]:
@@ -92,27 +101,23 @@ def run_in_turn(jobs: list[tuple[RunSpec, list[Request], Path | None, str]]) -> 
     clock is paused while the others take their turns, so its times read as if it had run alone.
     A job that finishes leaves the others to go on in turn.
     """
-    turns, results = [], [None] * len(jobs)
-    for spec, requests, run_dir, workload in jobs:
+    engines, steps, results = [], [], [None] * len(jobs)
+    for spec, requests, run_dir, _ in jobs:
         clock, runner = make_runner(spec)
         clock.pause()
-        log = RunLog(run_dir) if run_dir is not None else None
-        engine = Engine(Scheduler(spec.scheduler, BlockManager(spec.num_blocks, spec.block_size, spec.swap_blocks)),
-                        runner, clock, log=log)
-        turns.append((spec, runner, clock, log, workload, engine.steps(requests)))
+        engines.append(_engine(spec, clock, runner, run_dir))
+        steps.append(engines[-1].steps(requests))
     live = list(range(len(jobs)))
     while live:
         for i in list(live):
-            spec, runner, clock, log, workload, steps = turns[i]
-            clock.resume()
+            engines[i].clock.resume()
             try:
-                next(steps)
+                next(steps[i])
             except StopIteration as done:
                 results[i] = done.value
                 live.remove(i)
-                if log is not None:
-                    log.close(run_metadata(spec, runner, clock, workload, done.value))
-            clock.pause()
+                _close(engines[i], jobs[i][0], jobs[i][3], done.value)
+            engines[i].clock.pause()
     return results
 
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import codecs
 import random
-import string
 from collections.abc import Sequence
 
 import numpy as np
@@ -55,7 +54,7 @@ class IncrementalDetokenizer:
 # change; the code below gives the same ids from the same Mersenne Twister outputs, about three times
 # faster, by drawing the words' 32-bit outputs in one call and turning them into letters with
 # numpy (seeding a generator per prompt is now the larger part of the cost).
-# `_synth_prompt_reference` keeps the loop, and the tests hold the two equal.
+# tests/test_tokenizer.py keeps the loop, and holds the two equal.
 #
 # How `random` consumes 32-bit outputs u[0], u[1], ... (CPython's _randommodule.c and random.py):
 # - randint(1, 9) is 1 + _randbelow(9): 4-bit draws u >> 28, redrawn while >= 9: one output each;
@@ -154,15 +153,3 @@ def _synth_prompt_long(length: int, seed: int, n: int) -> list[int]:
             return prompt
         n *= 2
 
-
-def _synth_prompt_reference(length: int, seed: int) -> list[int]:
-    """The original loop over `random`, kept as the definition `synth_prompt` must match (tests only)."""
-    if length < 0:
-        raise ValueError(f"prompt length must be >= 0, got {length}")
-    rng = random.Random(seed)
-    words: list[str] = []
-    chars = 0
-    while chars < length:
-        words.append("".join(rng.choices(string.ascii_lowercase, k=rng.randint(1, 9))))
-        chars += len(words[-1]) + 1
-    return encode((" ".join(words) + " ")[:length])

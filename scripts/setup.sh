@@ -6,12 +6,17 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
+# can_apt TOOL CONSEQUENCE: whether apt-get can install TOOL here (root with apt-get); says what follows if not.
+can_apt() {
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "setup: $1 not found and cannot apt-get here; $2" >&2
+    return 1
+  fi
+}
+
 install_nsys() {
   command -v nsys >/dev/null 2>&1 && return 0
-  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-    echo "setup: nsys not found and cannot apt-get here; nsys tests will skip" >&2
-    return 0
-  fi
+  can_apt nsys "nsys tests will skip" || return 0
   echo "setup: installing Nsight Systems from Debian non-free" >&2
   cat > /etc/apt/sources.list.d/itertrace-nonfree.sources <<'SRC'
 Types: deb
@@ -27,10 +32,7 @@ SRC
 
 install_chromium() {
   command -v chromium >/dev/null 2>&1 && return 0
-  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-    echo "setup: chromium not found and cannot apt-get here; the report's browser test will skip" >&2
-    return 0
-  fi
+  can_apt chromium "the report's browser test will skip" || return 0
   echo "setup: installing Chromium from Debian" >&2
   apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null

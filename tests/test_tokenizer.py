@@ -1,12 +1,15 @@
 """Byte-level tokenizer, incremental detokenizer and synthetic prompts."""
 from __future__ import annotations
 
+import random
+import string
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from itertrace.profiler import tokenizer
-from itertrace.profiler.tokenizer import (BOS, EOS, PAD, IncrementalDetokenizer, _synth_prompt_reference, decode,
+from itertrace.profiler.tokenizer import (BOS, EOS, PAD, IncrementalDetokenizer, decode,
                                           encode, synth_prompt, synth_prompts)
 
 TEXT = "naïve 東京 🎉"
@@ -58,13 +61,24 @@ def test_synth_prompt_has_exact_length_and_is_deterministic() -> None:
 
 
 def test_synth_prompt_keeps_its_known_ids() -> None:
-    # Written out from the original loop over `random` (now `_synth_prompt_reference`): every run log's
+    # Written out from the original loop over `random` (`_synth_prompt_reference` below): every run log's
     # prompts come from here, so a change to either implementation must fail this test.
     assert decode(synth_prompt(72, seed=0)) == "tkgnkuh jxfddcuz zvxisxrmc iqfolnb xcvsuqpvi sbxfud lcinycoso fuohcuige "
     assert decode(synth_prompt(40, seed=1_000_003 * 3 + 17)) == "itqmgn pvp gtisuc co yjgusvweg kogdhpuae"
     assert synth_prompt(1, seed=5) == [116]
     assert synth_prompt(9, seed=2**40) == [106, 98, 32, 107, 32, 99, 114, 114, 105]
     assert synth_prompt(0, seed=3) == []
+
+
+def _synth_prompt_reference(length: int, seed: int) -> list[int]:
+    """The original loop over `random`: the definition `synth_prompt` must match."""
+    rng = random.Random(seed)
+    words: list[str] = []
+    chars = 0
+    while chars < length:
+        words.append("".join(rng.choices(string.ascii_lowercase, k=rng.randint(1, 9))))
+        chars += len(words[-1]) + 1
+    return encode((" ".join(words) + " ")[:length])
 
 
 def test_synth_prompts_equal_the_reference_loop(monkeypatch) -> None:
