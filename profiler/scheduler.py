@@ -49,7 +49,8 @@ class Scheduler:
         self._key = sort_key(config.policy, config.aging_iterations)
         self.waiting = WaitQueue(self._key)  # new requests, and preempted ones in continuous mode
         self.running: list[Request] = []  # requests holding a slot (static: every member of the batch)
-        self._member_ids: list[int] | None = None  # ids of self.running, until it changes
+        self._running_ids: list[int] = []  # ids of self.running, kept in step with it
+        self._member_ids: list[int] | None = None  # a copy of _running_ids handed out, until it changes
         self.events: list[Event | TokenEvents] = []  # drained by the engine after each call
         self._admission = Admission(config, blocks, self.waiting, self.events)
         self._swap = SwapPlan()
@@ -264,21 +265,23 @@ class Scheduler:
         if all(r.phase.terminal for r in self.running):
             for req in self.running:
                 self.blocks.free(req)
-            self.running, self._member_ids = [], None
+            self.running, self._running_ids, self._member_ids = [], [], None
 
     # ---- helpers -------------------------------------------------------------------------------------
     def _enter(self, req: Request) -> None:
         self.running.append(req)
+        self._running_ids.append(req.request_id)
         self._member_ids = None
 
     def _leave(self, req: Request) -> None:
-        self.running.remove(req)
+        i = self.running.index(req)  # by identity (Request compares by identity)
+        del self.running[i], self._running_ids[i]
         self._member_ids = None
 
     def _members(self) -> list[int]:
         """Ids of the requests holding slots, in slot order (one list, shared until membership changes)."""
         if self._member_ids is None:
-            self._member_ids = [r.request_id for r in self.running]
+            self._member_ids = self._running_ids.copy()
         return self._member_ids
 
     def _decision(self, iteration: int, rows: DecodeRows, budget: Budget) -> Decision:
