@@ -11,13 +11,47 @@
 -- of a gap always add up to the gap. Start/end ranges, which may overlap, take no part; a leaf
 -- still open when the capture stopped covers everything after its start.
 --
--- Leaves and gaps are matched by two sort-based ASOF joins rather than an interval join: a leaf
--- overlaps the gap that started last at or before the leaf's start (if that gap ends after it), and
--- each gap that starts inside a leaf (the leaf that started last before the gap, if it ends after
--- the gap's start). Because gaps are disjoint and leaves are disjoint, these two cases find every
--- overlapping pair exactly once.
+-- How the parts are computed (in one sort of the ranges and gaps, not per-row joins): the phase
+-- ranges and the gaps of a track are sorted together by start (at one instant a gap before a range,
+-- ranges longest first) and walked once with running `last_value` windows, which carry along the walk
+-- the latest gap and the latest phase range seen. Gaps are disjoint, and so are leaves, so a leaf and
+-- a gap overlap exactly when the leaf starts inside the gap (then the gap is the latest one started
+-- at or before the leaf) or the gap starts inside the leaf (then the leaf is the latest phase range
+-- started before the gap: were that range not a leaf, the next range starts inside it after the
+-- gap's start, and no earlier leaf reaches the gap). Whether a range is a leaf is seen at the next
+-- phase range of the walk (it is not a leaf if that one starts before it ends), after its pairs
+-- were found, so the pairs of non-leaves are dropped afterwards. The parts are then sorted by
+-- (track, iteration, phase) and walked again to add up the time of each phase in each gap, and the
+-- gap's unattributed rest.
 --
 -- @param limit BIGINT How many gaps host_gaps_worst lists; 10 when not given.
+
+-- The gaps, in no particular order (host_gaps sorts them); device_start_ns is kept for that sort.
+CREATE VIEW _host_gaps_unordered AS
+WITH
+  device AS (
+    SELECT global_tid, iteration, device_start_ns, device_end_ns
+    FROM _iterations_device
+    WHERE device_start_ns IS NOT NULL
+  ),
+  ordered AS (
+    SELECT
+      *,
+      arg_max(iteration, device_end_ns) OVER before AS prev_iteration,
+      max(device_end_ns) OVER before AS busy_until_ns
+    FROM device
+    WINDOW before AS (PARTITION BY global_tid ORDER BY device_start_ns, iteration
+                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+  )
+SELECT
+  global_tid,
+  prev_iteration,
+  iteration,
+  least(busy_until_ns, device_start_ns) AS gap_start_ns,
+  device_start_ns AS gap_end_ns,
+  greatest(device_start_ns - busy_until_ns, 0) AS gap_ns
+FROM ordered
+WHERE busy_until_ns IS NOT NULL;
 
 -- One row per pair of consecutive device intervals on a track.
 CREATE VIEW host_gaps (
@@ -34,91 +68,99 @@ CREATE VIEW host_gaps (
   -- gap_end_ns - gap_start_ns: time the device did no work of this track; 0 when device work overlapped.
   gap_ns
 ) AS
-WITH
-  device AS (
-    SELECT global_tid, iteration, device_start_ns, device_end_ns
-    FROM iterations
-    WHERE device_start_ns IS NOT NULL
-  ),
-  ordered AS (
-    SELECT
-      *,
-      arg_max(iteration, device_end_ns) OVER before AS prev_iteration,
-      max(device_end_ns) OVER before AS busy_until_ns
-    FROM device
-    WINDOW before AS (PARTITION BY global_tid ORDER BY device_start_ns, iteration
-                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
-  )
-SELECT
-  global_tid,
-  prev_iteration,
-  iteration,
-  least(busy_until_ns, device_start_ns),
-  device_start_ns,
-  greatest(device_start_ns - busy_until_ns, 0)
-FROM ordered
-WHERE busy_until_ns IS NOT NULL
-ORDER BY global_tid, device_start_ns, iteration;
+SELECT global_tid, prev_iteration, iteration, gap_start_ns, gap_end_ns, gap_ns
+FROM _host_gaps_unordered
+ORDER BY global_tid, gap_end_ns, iteration;
 
--- The host-phase leaves of the tracks' threads. Push/pop ranges nest, so the phase range that
--- comes next on the thread (by start, longest first) lies inside this one exactly when it starts
--- before this one ends; a leaf is a phase range whose next one does not. The phase pattern and
--- phase name are worked out once per distinct range name, not once per range (a trace holds
--- millions of ranges but few names).
-CREATE VIEW _host_gaps_leaves AS
+-- The host phases: each distinct range text that matches the phase pattern, its phase name, and the
+-- phase's place in the order of host_gaps_parts (by name, `unattributed` last). The pattern and name
+-- are worked out once per distinct text, not once per range (a trace holds millions of ranges but
+-- few names); the texts go through a list so that the pattern is not pushed down to every range.
+CREATE VIEW _host_gaps_phase_names AS
 WITH
+  texts AS (SELECT unnest(list(DISTINCT text)) AS text FROM nvtx_ranges),
   names AS (
     SELECT text, mapping_phase_name(text) AS phase
-    FROM (SELECT DISTINCT text FROM nvtx_ranges)
+    FROM texts
     WHERE regexp_matches(text, mapping_phase_pattern())
-  ),
-  phases AS (
-    SELECT
-      r.global_tid,
-      r.start_ns,
-      coalesce(r.end_ns, 9223372036854775807) AS end_ns,
-      n.phase,
-      lead(r.start_ns) OVER (PARTITION BY r.global_tid ORDER BY r.start_ns, r.end_ns DESC NULLS FIRST, r.range_id)
-        AS next_start_ns
-    FROM nvtx_ranges AS r
-    JOIN names AS n ON n.text = r.text
-    WHERE r.range_kind = 'push_pop'
-      AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
-      AND r.global_tid IN (SELECT global_tid FROM _iterations_steps)
   )
-SELECT global_tid, start_ns, end_ns, phase
-FROM phases
-WHERE next_start_ns IS NULL OR next_start_ns >= end_ns;
+SELECT text, phase, dense_rank() OVER (ORDER BY phase = 'unattributed', phase)::INTEGER AS phase_rank
+FROM names;
 
--- Every (gap, leaf) overlap, with its length.
+-- Every (gap, leaf) overlap, with its length (the walk described at the top of this file).
 CREATE VIEW _host_gaps_overlaps AS
 WITH
   gaps AS (
-    SELECT global_tid, iteration, gap_start_ns, gap_end_ns FROM host_gaps WHERE gap_ns > 0
+    SELECT global_tid, iteration, gap_start_ns, gap_end_ns FROM _host_gaps_unordered WHERE gap_ns > 0
   ),
-  leaf_starts_in_gap AS (
-    SELECT g.global_tid, g.iteration, l.phase, l.start_ns, l.end_ns, g.gap_start_ns, g.gap_end_ns
-    FROM _host_gaps_leaves AS l
-    ASOF JOIN gaps AS g ON g.global_tid = l.global_tid AND g.gap_start_ns <= l.start_ns
-    WHERE l.start_ns < g.gap_end_ns
-  ),
-  gap_starts_in_leaf AS (
-    SELECT g.global_tid, g.iteration, l.phase, l.start_ns, l.end_ns, g.gap_start_ns, g.gap_end_ns
-    FROM gaps AS g
-    ASOF JOIN _host_gaps_leaves AS l ON l.global_tid = g.global_tid AND l.start_ns < g.gap_start_ns
-    WHERE l.end_ns > g.gap_start_ns
-  ),
-  pairs AS (
-    SELECT * FROM leaf_starts_in_gap
+  events AS (
+    -- One opening row per track, first on it: as its latest gap and latest phase range it carries
+    -- ends at the smallest time, so nothing pairs with what came before on another track.
+    SELECT DISTINCT
+      global_tid,
+      -9223372036854775808 AS start_ns,
+      -9223372036854775808 AS end_ns,
+      NULL::BIGINT AS range_id,
+      NULL::INTEGER AS phase_rank,
+      {'iteration': NULL::BIGINT} AS gap_iteration,
+      -9223372036854775808 AS gap_end_ns
+    FROM gaps
     UNION ALL
-    SELECT * FROM gap_starts_in_leaf
+    -- The gaps (end_ns NULL: at one instant a gap comes before the ranges). The iteration is boxed
+    -- in a struct so that a NULL iteration is still carried by last_value(... IGNORE NULLS).
+    SELECT global_tid, gap_start_ns, NULL, NULL, NULL, {'iteration': iteration}, gap_end_ns
+    FROM gaps
+    UNION ALL
+    -- The push/pop phase ranges of the tracks; one still open when the capture stopped ends last.
+    SELECT r.global_tid, r.start_ns, coalesce(r.end_ns, 9223372036854775807), r.range_id, n.phase_rank, NULL, NULL
+    FROM nvtx_ranges AS r
+    JOIN _host_gaps_phase_names AS n ON n.text = r.text
+    WHERE r.range_kind = 'push_pop'
+      AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
+      AND r.global_tid IN (SELECT global_tid FROM gaps)
+  ),
+  ordered AS (
+    SELECT * FROM events ORDER BY global_tid, start_ns, end_ns DESC NULLS FIRST, range_id
+  ),
+  walk AS (
+    -- The latest gap and the latest phase range so far, at every row of the walk. Windows with an
+    -- empty OVER run in the order of their input (DuckDB keeps it), here the sort above.
+    SELECT
+      *,
+      last_value(gap_end_ns IGNORE NULLS) OVER so_far AS last_gap_end_ns,
+      last_value(gap_iteration IGNORE NULLS) OVER so_far AS last_gap_iteration,
+      last_value(end_ns IGNORE NULLS) OVER so_far AS last_end_ns,
+      last_value(range_id IGNORE NULLS) OVER so_far AS last_range_id,
+      last_value(phase_rank IGNORE NULLS) OVER so_far AS last_phase_rank
+    FROM ordered
+    WINDOW so_far AS (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+  ),
+  found AS MATERIALIZED (
+    -- At a range: the pair with the latest gap if the range starts inside it, and whether the range
+    -- before it on the walk is no leaf (this one starts before that one ends). At a gap: the pair
+    -- with the latest range if the gap starts inside it.
+    SELECT
+      global_tid,
+      CASE WHEN range_id IS NOT NULL THEN last_gap_iteration ELSE gap_iteration END.iteration AS iteration,
+      last_range_id AS range_id,
+      last_phase_rank AS phase_rank,
+      -- (computed only for pairs: the opening rows' smallest time must not enter a subtraction)
+      CASE WHEN range_id IS NOT NULL AND start_ns < last_gap_end_ns THEN least(end_ns, last_gap_end_ns) - start_ns
+           WHEN range_id IS NULL AND start_ns < last_end_ns THEN least(last_end_ns, gap_end_ns) - start_ns
+      END AS overlap_ns,
+      CASE WHEN range_id IS NOT NULL THEN start_ns < last_gap_end_ns ELSE start_ns < last_end_ns END AS is_pair,
+      CASE WHEN range_id IS NOT NULL AND start_ns < before_end_ns THEN before_range_id END AS not_leaf_id
+    FROM (
+      SELECT *, lag(last_end_ns) OVER () AS before_end_ns, lag(last_range_id) OVER () AS before_range_id
+      FROM walk
+    )
+    WHERE (CASE WHEN range_id IS NOT NULL THEN start_ns < last_gap_end_ns ELSE start_ns < last_end_ns END)
+       OR (range_id IS NOT NULL AND start_ns < before_end_ns)
   )
-SELECT
-  global_tid,
-  iteration,
-  phase,
-  least(end_ns, gap_end_ns) - greatest(start_ns, gap_start_ns) AS overlap_ns
-FROM pairs;
+SELECT global_tid, iteration, phase_rank, overlap_ns
+FROM found
+WHERE is_pair
+  AND range_id NOT IN (SELECT not_leaf_id FROM found WHERE not_leaf_id IS NOT NULL);
 
 -- Each gap split into host phases and an `unattributed` remainder; a gap's parts add up to its gap_ns.
 CREATE VIEW host_gaps_parts (
@@ -132,25 +174,55 @@ CREATE VIEW host_gaps_parts (
   dur_ns
 ) AS
 WITH
-  attributed AS (
-    SELECT global_tid, iteration, phase, sum(overlap_ns)::BIGINT AS dur_ns
-    FROM _host_gaps_overlaps
-    GROUP BY global_tid, iteration, phase
-  ),
-  covered AS (
-    SELECT global_tid, iteration, sum(dur_ns)::BIGINT AS dur_ns
-    FROM attributed
-    GROUP BY global_tid, iteration
-  ),
   parts AS (
-    SELECT * FROM attributed
+    -- The overlaps, and each gap as its unattributed part (phase_rank after every phase's).
+    SELECT global_tid, iteration, phase_rank, overlap_ns AS attributed_ns, NULL::BIGINT AS gap_ns
+    FROM _host_gaps_overlaps
     UNION ALL
-    SELECT g.global_tid, g.iteration, 'unattributed', g.gap_ns - coalesce(c.dur_ns, 0)
-    FROM host_gaps AS g
-    LEFT JOIN covered AS c ON c.global_tid = g.global_tid AND c.iteration = g.iteration
+    SELECT global_tid, iteration, 2147483647, 0, gap_ns
+    FROM _host_gaps_unordered
+  ),
+  named AS (
+    SELECT p.*, coalesce(n.phase, 'unattributed') AS phase
+    FROM parts AS p
+    LEFT JOIN (SELECT DISTINCT phase, phase_rank FROM _host_gaps_phase_names) AS n ON n.phase_rank = p.phase_rank
+  ),
+  ordered AS (
+    SELECT * FROM named ORDER BY global_tid, iteration, phase_rank
+  ),
+  walk AS (
+    -- A running total of the attributed time; where (track, iteration) or the phase changes.
+    SELECT
+      *,
+      sum(attributed_ns) OVER (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS total_ns,
+      global_tid IS DISTINCT FROM lag(global_tid) OVER () OR iteration IS DISTINCT FROM lag(iteration) OVER ()
+        AS first_of_gap,
+      phase_rank IS DISTINCT FROM lag(phase_rank) OVER () AS phase_changed,
+      global_tid IS DISTINCT FROM lead(global_tid) OVER () OR iteration IS DISTINCT FROM lead(iteration) OVER ()
+        OR phase_rank IS DISTINCT FROM lead(phase_rank) OVER () AS last_of_phase
+    FROM ordered
+  ),
+  totals AS (
+    -- The running total before the first row of this phase in this gap, and before the gap's first row.
+    SELECT
+      *,
+      last_value(CASE WHEN first_of_gap OR phase_changed THEN total_ns - attributed_ns END IGNORE NULLS)
+        OVER so_far AS phase_before_ns,
+      last_value(CASE WHEN first_of_gap THEN total_ns - attributed_ns END IGNORE NULLS)
+        OVER so_far AS gap_before_ns
+    FROM walk
+    WINDOW so_far AS (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
   )
-SELECT * FROM parts
-ORDER BY global_tid, iteration, phase = 'unattributed', phase;
+-- A phase's time in a gap at its last row; the unattributed part at the gap's own row(s). Rows keep
+-- the order of the sort above. (A gap whose iteration is NULL keeps all of its time unattributed.)
+SELECT
+  global_tid,
+  iteration,
+  phase,
+  (CASE WHEN gap_ns IS NOT NULL THEN gap_ns - CASE WHEN iteration IS NULL THEN 0 ELSE total_ns - gap_before_ns END
+        ELSE total_ns - phase_before_ns END)::BIGINT
+FROM totals
+WHERE gap_ns IS NOT NULL OR last_of_phase;
 
 -- Per host phase, its time in gaps: totals and distribution over all gaps (0 where a gap has none of it).
 CREATE VIEW host_gaps_by_phase (

@@ -55,6 +55,25 @@ ASOF JOIN _iterations_steps AS s ON s.global_tid = l.global_tid AND s.start_ns <
 WHERE l.end_ns <= coalesce(s.end_ns, 9223372036854775807)
 GROUP BY s.range_id;
 
+-- Per step, its device interval: the GPU projection of the work launched inside it, else the span of
+-- its device-pattern ranges. host_gaps reads only this (not the launch columns of `iterations`).
+CREATE VIEW _iterations_device AS
+SELECT
+  s.range_id,
+  s.iteration,
+  s.global_tid,
+  s.global_pid,
+  s.start_ns,
+  s.end_ns,
+  coalesce(g.gpu_start_ns, d.start_ns) AS device_start_ns,
+  coalesce(g.gpu_end_ns, d.end_ns) AS device_end_ns,
+  CASE WHEN g.range_id IS NOT NULL THEN 'gpu' WHEN d.range_id IS NOT NULL THEN 'range' END AS device_source,
+  coalesce(g.gpu_op_count, 0) AS gpu_op_count,
+  g.gpu_start_ns
+FROM _iterations_steps AS s
+LEFT JOIN nvtx_gpu_projection AS g ON g.range_id = s.range_id
+LEFT JOIN _iterations_device_ranges AS d ON d.range_id = s.range_id;
+
 -- One row per iteration: its host interval (the step range) and its device interval.
 CREATE VIEW iterations (
   -- Iteration number: the step's int64 payload, the number in its text, or its place on its thread (mapping.iteration_from).
@@ -94,15 +113,13 @@ SELECT
   s.start_ns,
   s.end_ns,
   s.end_ns - s.start_ns,
-  coalesce(g.gpu_start_ns, d.start_ns) AS device_start_ns,
-  coalesce(g.gpu_end_ns, d.end_ns) AS device_end_ns,
-  coalesce(g.gpu_end_ns, d.end_ns) - coalesce(g.gpu_start_ns, d.start_ns),
-  CASE WHEN g.range_id IS NOT NULL THEN 'gpu' WHEN d.range_id IS NOT NULL THEN 'range' END,
-  coalesce(g.gpu_op_count, 0),
+  s.device_start_ns,
+  s.device_end_ns,
+  s.device_end_ns - s.device_start_ns,
+  s.device_source,
+  s.gpu_op_count,
   f.start_ns,
-  g.gpu_start_ns - f.start_ns
-FROM _iterations_steps AS s
-LEFT JOIN nvtx_gpu_projection AS g ON g.range_id = s.range_id
-LEFT JOIN _iterations_device_ranges AS d ON d.range_id = s.range_id
+  s.gpu_start_ns - f.start_ns
+FROM _iterations_device AS s
 LEFT JOIN _iterations_first_launch AS f ON f.range_id = s.range_id
 ORDER BY s.global_tid, s.start_ns, s.range_id;
