@@ -7,10 +7,16 @@ each size runs three times and the run with the lowest schedule + prepare is sho
 machine only ever adds time.
 Run: .venv/bin/python benchmarks/bench_scheduler.py
 
-Measured (2-core shared machine, load average 3-4, wall clock medians, best of three runs per size):
-schedule + prepare 66 us at 16 decodes, 66 at 64, 76 at 256, 99 at 1024 (schedule 19-21 us of it).
-The issue-2 target (at most 50 us at 256) is not met: prepare alone costs 47 us at 16 decodes, about
-fifteen numpy/torch calls at 2-4 us each on this machine, so its cost is per call, not per sequence.
+Measured (2-core shared machine, 2026-11-29). The machine has quick spells and slow ones, in which
+every call takes about 1.6 times as long, with or without other load. In a quick spell schedule +
+prepare is 29 us at 16 decodes, 29 at 64, 33 at 256 (prepare 12-15 of it, 49-58 before prepare's
+decode path came down to about ten numpy calls, none per sequence); in a slow spell 50-61 at 16 and
+64, 55-69 at 256, 78-81 at 1024 (medians of eight runs alternating with the previous runner in one
+process, by helper-14). Three plain runs at load 0.7 gave 56, 64 and 33 us at 256 (schedule 31, 34,
+19). So the issue-2 target (at most 50 us at 256) is met in quick spells and missed in slow ones.
+Every sequence here crosses into a new KV block in the same iteration, so the block tables change one
+iteration in 16; with staggered lengths some row does every iteration, and prepare copies and checks
+the tables each time: about 10 us more at 256 in a slow spell.
 """
 from __future__ import annotations
 

@@ -67,8 +67,12 @@ class AttentionMetadata:
     prefill_masks: list[Tensor]  # [n, context_len] bool, True = may attend (causal, offset by start_pos)
     # Decodes, all together.
     decode_rows: Tensor  # [D] row of each decode token in the flat batch
-    decode_block_tables: Tensor  # [D, max_blocks] (padded with block 0)
+    decode_block_tables: Tensor  # [D, max_blocks]; entries past ceil(context / block_size) are never read
     decode_context_lens: Tensor  # [D] keys each decode attends to
+
+    def inputs_rewritten(self) -> None:
+        """Its tensors were rewritten in place (a runner reusing its inputs): drop what was derived from them."""
+        self.__dict__.pop("decode_keys", None)  # the cached_property's value
 
     @cached_property
     def decode_keys(self) -> tuple[Tensor, Tensor, Tensor]:

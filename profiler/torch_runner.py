@@ -27,25 +27,91 @@ class PreparedBatch:
 class _DecodeInputs:
     """Inputs of an all-decode batch of n sequences, preallocated and rewritten in place every iteration.
 
-    Rows of one [4, n] host array (token ids, positions, slot mapping, context lengths) and of its
-    device copy, which is the same memory on the CPU; a forward pass reads them before the next
-    iteration writes them.
+    Rows of one host array (token ids, slot mapping, positions, context lengths) and of its device
+    copy, which is the same memory on the CPU, and the block tables in a buffer of their own;
+    a forward pass reads them before the next iteration writes them. The tables are copied and
+    checked only when a batch brings another tables array than the last one: the scheduler makes a
+    new array for every change and never writes one it handed out in a batch.
     """
 
-    def __init__(self, n: int, device: torch.device) -> None:
+    def __init__(self, n: int, device: torch.device, block_size: int) -> None:
         self.rows = np.arange(n)  # [n]; never written
         self.rows_tensor = torch.from_numpy(self.rows).to(device)
-        self.host = np.zeros((4, n), dtype=np.int64)
-        self.token_ids, self.positions, self.slots, self.context = self.host
-        self._device = torch.from_numpy(self.host).to(device)  # [4, n]; the host array itself on the CPU
-        self._rows = tuple(self._device)  # its rows, as tensors made once
-        self._same_memory = device.type == "cpu"
+        # [5, n]: token ids, slot mapping, positions, context lengths; then each position counted from the
+        # start of the flattened tables (row i starts at i * max_blocks * block_size), not uploaded
+        self.host = np.zeros((5, n), dtype=np.int64)
+        self.token_ids, self.slots, self.positions, self.context, self._flat_pos = self.host
+        self.checked = self.host[:3].view(np.uint64)  # token ids, slots, positions: negatives read as huge
+        self._from_pos = self.host[2:]  # [3, n]: positions, context lengths, flat positions ...
+        self._pos_offsets = np.zeros((3, n), dtype=np.int64)  # ... each position plus these
+        self._pos_offsets[1] = 1
+        self._scratch = np.empty(n, dtype=np.int64)
+        self._device = device
+        self._host = torch.from_numpy(self.host[:4])
+        self._host_on_device = self._host.to(device)  # [4, n]; the host array itself on the CPU
+        self.on_device = tuple(self._host_on_device)  # its rows, as tensors made once
+        self.same_memory = device.type == "cpu"  # nothing to upload
+        # ufuncs over two arrays: a Python scalar operand costs more than the operation on a few hundred elements
+        self.block_size, self._block_sizes = block_size, np.full(n, block_size)
+        if block_size & (block_size - 1) == 0:  # a power of two, as block sizes are: shift and mask
+            self._block_of, self._shift = np.right_shift, np.full(n, block_size.bit_length() - 1)
+            self._offset_of, self._mask = np.bitwise_and, np.full(n, block_size - 1)
+        else:
+            self._block_of, self._shift = np.floor_divide, self._block_sizes
+            self._offset_of, self._mask = np.remainder, self._block_sizes
+        self.num_tokens: np.ndarray | None = None  # the last num_tokens array seen (all >= 1)
+        self.sample: np.ndarray | None = None  # the last sample array seen, and its rows as a tensor
+        self.sample_rows = self.rows_tensor
+        self.tables: np.ndarray | None = None  # the last block tables array seen, and what follows from it:
+        self.bad_block = False  # some block id lies outside the cache
+        self._tables = np.empty((n, 0), dtype=np.int64)  # [n, max_blocks]: its copy, flattened in _tables_flat
+        self._tables_flat = self._tables.reshape(-1)
+        self._tables_on_device = torch.from_numpy(self._tables).to(device)
+        self.width = 0  # columns of table_tensor
+        self.table_tensor = self._tables_on_device  # [n, width]: the first columns of _tables_on_device
+        self.prepared: PreparedBatch | None = None  # made from the tensors above, while they stay
 
-    def upload(self) -> tuple[Tensor, ...]:
-        """On the device: token ids, positions, slot mapping, context lengths ([n] each)."""
-        if not self._same_memory:
-            self._device.copy_(torch.from_numpy(self.host))
-        return self._rows
+    def take_tables(self, tables: np.ndarray, num_blocks: int) -> None:
+        """Another block tables array: check its block ids against the cache and copy it in."""
+        self.tables = None  # until it is in
+        self.bad_block = bool(np.maximum.reduce(tables, None) >= num_blocks)
+        w = tables.shape[1]
+        if w != self._tables.shape[1]:
+            self._tables = np.empty((len(self.rows), w), dtype=np.int64)
+            self._tables_flat = self._tables.reshape(-1)
+            np.multiply(self.rows, w * self.block_size, self._pos_offsets[2])
+            self._tables_on_device = torch.from_numpy(self._tables).to(self._device)
+            self.width, self.prepared = 0, None
+        self._tables[...] = tables
+        if not self.same_memory:
+            self._tables_on_device.copy_(torch.from_numpy(self._tables))
+        self.tables = tables
+
+    def write(self, tokens: np.ndarray, pos: np.ndarray) -> list[int]:
+        """Write the inputs; the largest token id, slot and position (unsigned: a negative one reads as huge).
+
+        A token at position p of row i goes to slot tables[i, p // bs] * bs + p % bs; a table too
+        short for it has -1 there, which makes the slot negative.
+        """
+        self.token_ids[...] = tokens
+        np.add(self._pos_offsets, pos, self._from_pos)  # positions, context lengths, flat positions at once
+        index, slots = self._scratch, self.slots
+        self._block_of(self._flat_pos, self._shift, index)  # [n] each token's block in the flattened tables
+        # clip: an index past a row's table (found by the caller from the largest position) stays in bounds
+        self._tables_flat.take(index, None, slots, "clip")
+        np.multiply(slots, self._block_sizes, slots)
+        self._offset_of(pos, self._mask, index)  # [n] each token's place in its block
+        np.add(slots, index, slots)
+        return np.maximum.reduce(self.checked, 1).tolist()
+
+    def use_width(self, width: int) -> None:
+        """Pass the first `width` columns of the tables on (blocks the longest context needs)."""
+        self.width, self.prepared = width, None
+        self.table_tensor = self._tables_on_device[:, :width]
+
+    def upload(self) -> None:
+        """Copy the host rows to the device, where `on_device` holds them ([n] each)."""
+        self._host_on_device.copy_(self._host)
 
 
 class TorchRunner:
@@ -92,6 +158,8 @@ class TorchRunner:
         self.layer_caches = [(self.kv_cache[layer, 0], self.kv_cache[layer, 1]) for layer in range(c.num_layers)]
         self.sampler = Sampler()
         self._inputs: _DecodeInputs | None = None
+        # what an all-decode batch is checked against: the largest token id, position and slot, plus one
+        self._decode_limits = (self.config.vocab_size, self.config.max_position, num_blocks * block_size)
 
     @property
     def vocab_size(self) -> int:
@@ -101,11 +169,27 @@ class TorchRunner:
         """Positions, slot mapping and attention metadata for the batch, as vector operations.
 
         Decodes (one token) are attended in one call, each over its own context; longer chunks one at a time.
+        An all-decode batch is prepared into tensors that the next one rewrites (it may even get the same
+        PreparedBatch back): forward it before preparing another. What follows from a batch's arrays may be
+        kept for the next batch that brings the same array objects, so an array must not be written once it
+        is in a batch given to prepare (the scheduler never does: every change makes new arrays).
         """
         if batch.block_size != self.block_size:
             raise ValueError(f"batch block_size {batch.block_size} != runner block_size {self.block_size}")
-        if batch.num_seqs and batch.num_tokens_total == batch.num_seqs and batch.num_tokens.min() >= 1:
-            return self._prepare_decodes(batch)  # every sequence runs one token
+        n, inputs = batch.num_seqs, self._inputs
+        if inputs is not None and batch.num_tokens is inputs.num_tokens and len(batch.token_ids) == n:
+            # the num_tokens array of the last all-decode batch: checked then (a batch's arrays are never
+            # written), and as long, so the same number of decodes
+            return self._prepare_decodes(batch, inputs)
+        if n and len(batch.token_ids) == n and batch.num_tokens.min() >= 1:  # every sequence runs one token
+            if inputs is None or len(inputs.rows) != n:
+                inputs = self._inputs = _DecodeInputs(n, self.device, self.block_size)
+            inputs.num_tokens = batch.num_tokens
+            return self._prepare_decodes(batch, inputs)
+        return self._prepare_mixed(batch)
+
+    def _prepare_mixed(self, batch: Batch) -> PreparedBatch:
+        """Any batch: prefill chunks one at a time, decodes together."""
         self._check(batch)
         bs = self.block_size
         counts = batch.num_tokens  # [S]
@@ -148,55 +232,58 @@ class TorchRunner:
             sample_rows=self._tensor(ends[batch.sample] - 1),
         )
 
-    def _prepare_decodes(self, batch: Batch) -> PreparedBatch:
+    def _prepare_decodes(self, batch: Batch, inputs: _DecodeInputs) -> PreparedBatch:
         """The steady-state case: every sequence runs one token, so rows are sequences.
 
-        Built in numpy (on the CPU each small torch op costs several microseconds, a numpy op about
-        one) into inputs preallocated for this batch size, so a steady iteration makes one new tensor
-        (the block tables). Checks as `_check` does, on the arrays built here; a table is taken to hold
-        its blocks from the left, as the scheduler's do (-1 only after them).
+        Its cost is per call, not per sequence (a numpy call costs about a microsecond, a torch op
+        several), so a steady iteration makes about ten numpy calls into inputs preallocated for
+        this batch size, the last of them one reduction that checks token ids, positions and slots
+        together, and no tensor: the PreparedBatch is the last one, its tensors rewritten. The
+        tables are copied and checked against the cache, and the sample rows found, only when the
+        batch brings another tables or sample array than the last one.
+
+        Refuses what `_check` refuses, with its messages: any doubt goes to `_check`, and a batch it
+        lets through to `_prepare_mixed`. A table is taken to hold its blocks from the left, as the
+        scheduler's do (-1 only after them); its -1 padding is passed on as it is, since attention
+        reads no table entry past a decode's context.
         """
-        bs, pos, tokens = self.block_size, batch.start_pos, batch.token_ids  # pos, tokens: [S]
-        if tokens.view(np.uint64).max() >= self.vocab_size:  # a negative id reads as a huge unsigned one
-            raise ValueError(f"batch {batch.iteration}: token id outside [0, {self.vocab_size})")
-        longest = int(pos.max()) + 1  # the longest context
-        if longest > self.config.max_position:
-            self._check(batch)  # raises, naming the request
-        width = -(-longest // bs)  # blocks the longest context needs
-        block, offset = np.divmod(pos, bs)  # [S] each token's block in its table, and its place in it
-        if width > batch.block_tables.shape[1]:
-            self._check(batch)  # raises: a table is too short
-        tables = batch.block_tables[:, :width]  # [S, width]
-        inputs = self._decode_inputs(batch.num_seqs)
-        newest = tables[inputs.rows, block]  # [S] the block each token is written to
-        if newest.min() < 0 or batch.block_tables.max() >= self.num_blocks:
-            self._check(batch)  # raises: a table is too short, or names a block outside the cache
-        np.copyto(inputs.token_ids, tokens)
-        np.copyto(inputs.positions, pos)
-        np.multiply(newest, bs, out=inputs.slots)
-        inputs.slots += offset
-        np.add(pos, 1, out=inputs.context)
-        ids_t, pos_t, slots_t, context_t = inputs.upload()
-        # padding reads block 0, masked out; clamped in a contiguous copy (a ufunc over a strided
-        # slice of the table costs several times as much)
-        decode_tables = tables.copy()
-        np.maximum(decode_tables, 0, out=decode_tables)
+        tables, bs = batch.block_tables, self.block_size  # tables: [S, max_blocks]
+        if tables is not inputs.tables:
+            if not tables.size:
+                self._check(batch)  # raises: a decode needs a block
+                return self._prepare_mixed(batch)
+            inputs.take_tables(tables, self.num_blocks)
+        top_token, top_slot, top_pos = inputs.write(batch.token_ids, batch.start_pos)
+        width = top_pos // bs + 1  # blocks the longest context needs
+        vocab, positions, slots = self._decode_limits
+        if (top_token >= vocab or top_pos >= positions or top_slot >= slots or width > tables.shape[1]
+                or inputs.bad_block):
+            # a token id outside the vocabulary, a context past max_position, a table too short (its -1
+            # made a slot negative) or a block id outside the cache: raises, naming the request
+            self._check(batch)
+            return self._prepare_mixed(batch)  # what _check lets through (a negative position)
+        if width != inputs.width:
+            inputs.use_width(width)
+        if batch.sample is not inputs.sample:
+            inputs.sample, inputs.prepared = batch.sample, None
+            sampled = batch.sample.all()
+            inputs.sample_rows = inputs.rows_tensor if sampled else self._tensor(inputs.rows[batch.sample])
+        if not inputs.same_memory:
+            inputs.upload()
+        prepared = inputs.prepared
+        if prepared is not None:  # the same tensors, rewritten in place
+            prepared.meta.inputs_rewritten()
+            return prepared
+        ids_t, slots_t, pos_t, context_t = inputs.on_device
         meta = AttentionMetadata(
             slot_mapping=slots_t, block_size=bs,
             prefill_query_ranges=[], prefill_block_tables=[], prefill_context_lens=[], prefill_masks=[],
             decode_rows=inputs.rows_tensor,
-            decode_block_tables=self._tensor(decode_tables),
+            decode_block_tables=inputs.table_tensor,
             decode_context_lens=context_t,
         )
-        all_sampled = len(batch.sampled_ids) == batch.num_seqs
-        sample_rows = inputs.rows_tensor if all_sampled else self._tensor(inputs.rows[batch.sample])
-        return PreparedBatch(input_ids=ids_t, positions=pos_t, meta=meta, sample_rows=sample_rows)
-
-    def _decode_inputs(self, n: int) -> _DecodeInputs:
-        """The preallocated inputs for n decodes (kept while n stays the same)."""
-        if self._inputs is None or len(self._inputs.rows) != n:
-            self._inputs = _DecodeInputs(n, self.device)
-        return self._inputs
+        inputs.prepared = PreparedBatch(input_ids=ids_t, positions=pos_t, meta=meta, sample_rows=inputs.sample_rows)
+        return inputs.prepared
 
     def forward(self, prepared: PreparedBatch) -> Tensor:
         """Run the model, writing this iteration's KV; logits [S, vocab] for the sampling sequences."""

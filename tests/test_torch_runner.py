@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -237,3 +238,100 @@ def test_runner_attributes() -> None:
     assert runner.device == torch.device("cuda" if torch.cuda.is_available() else "cpu")
     assert runner.layer_caches[0][0].shape == (8, BLOCK, SMALL.num_kv_heads, SMALL.head_dim)
     assert runner.forward(runner.prepare(Batch.from_seqs(0, (), BLOCK))).shape == (0, 260)
+
+
+def decode_batch(iteration: int, tokens: list[int], pos: list[int], tables: np.ndarray, *, block_size: int = BLOCK,
+                 sample: np.ndarray | None = None, ones: np.ndarray | None = None) -> Batch:
+    """A decode batch; pass the same arrays again to share them between iterations, as the scheduler does."""
+    n = len(tokens)
+    return Batch(iteration=iteration, block_size=block_size, request_ids=np.arange(n),
+                 start_pos=np.array(pos, dtype=np.int64),
+                 num_tokens=np.ones(n, dtype=np.int64) if ones is None else ones,
+                 token_ids=np.array(tokens, dtype=np.int64),
+                 sample=np.ones(n, dtype=bool) if sample is None else sample,
+                 block_tables=tables, num_generated=np.zeros(n, dtype=np.int64), sampling=(GREEDY,) * n)
+
+
+@pytest.mark.parametrize("block_size", [4, 3], ids=["power-of-two", "other"])
+def test_decode_fast_path_gives_the_logits_of_the_general_path(block_size: int) -> None:
+    """Steady decodes with the scheduler's sharing of arrays (tables kept until a row needs a block, a sample
+    mask with a row that does not sample) give bit-identical logits to the general path, which clamps padding."""
+    fast, general = (TorchRunner(SMALL_GQA, num_blocks=64, block_size=block_size, seed=2) for _ in range(2))
+    rng = random.Random(1)
+    prompts = [[rng.randrange(256) for _ in range(k)] for k in (5, 1, 12, 8)]
+    blocks = list(range(64))
+    rng.shuffle(blocks)
+    owned = [blocks[16 * i: 16 * i + 16] for i in range(len(prompts))]  # each row's blocks, in order
+    held = [-(-len(p) // block_size) for p in prompts]
+    width = 12  # wider than any context needs: the runner passes on only the columns in use
+
+    def table() -> np.ndarray:
+        out = np.full((len(prompts), width), -1, dtype=np.int64)
+        for i, k in enumerate(held):
+            out[i, :k] = owned[i][:k]
+        return out
+
+    seqs = [work(i, p, 0, owned[i][:held[i]]) for i, p in enumerate(prompts)]
+    prefill = Batch.from_seqs(0, tuple(seqs), block_size)
+    logits = fast.forward(fast.prepare(prefill))
+    assert torch.equal(logits, general.forward(general.prepare(prefill)))
+    tokens = logits.argmax(-1).tolist()
+    pos = [len(p) for p in prompts]
+    tables, ones = table(), np.ones(len(prompts), dtype=np.int64)
+    sample = np.array([True, True, False, True])  # row 2 runs a token without sampling (as a 1-token chunk would)
+    reused = 0
+    for it in range(1, 3 * block_size + 4):
+        grow = [i for i in range(len(pos)) if pos[i] >= held[i] * block_size]
+        if grow:  # a new tables array, as DecodeRows makes for every change
+            for i in grow:
+                held[i] += 1
+            tables = table()
+        batch = decode_batch(it, tokens, pos, tables, block_size=block_size, sample=sample, ones=ones)
+        prepared = fast.prepare(batch)
+        reused += prepared.meta.decode_block_tables.shape[1] < width  # passed on only as wide as needed
+        got = fast.forward(prepared)
+        assert torch.equal(got, general.forward(general._prepare_mixed(batch))), it
+        by_row = iter(got.argmax(-1).tolist())
+        tokens = [next(by_row) if s else t + 1 for s, t in zip(sample.tolist(), tokens)]
+        pos = [p + 1 for p in pos]
+    assert reused
+
+
+def test_decode_padding_past_each_context_is_never_read() -> None:
+    runner = TorchRunner(SMALL, num_blocks=16, block_size=BLOCK, seed=4)
+    seqs = [work(1, list(range(10, 19)), 0, [7, 2, 9]), work(2, [40, 41], 0, [5])]
+    runner.forward(runner.prepare(Batch.from_seqs(0, tuple(seqs), BLOCK)))
+    tables = np.array([[7, 2, 9, -1], [5, -1, -1, -1]])  # -1 padding, and a column no context reaches
+    padded = runner.prepare(decode_batch(1, [19, 42], [9, 2], tables))
+    assert padded.meta.decode_block_tables.tolist() == [[7, 2, 9], [5, -1, -1]]
+    first = runner.forward(padded)
+    unused = [b for b in range(16) if b not in (7, 2, 9, 5)]
+    runner.kv_cache[:, :, unused] = float("nan")  # only the contexts' own blocks are read
+    again = runner.forward(runner.prepare(decode_batch(1, [19, 42], [9, 2], tables.copy())))
+    assert torch.equal(first, again)
+
+
+SHORT = ModelConfig(hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=4, intermediate_size=96, max_position=12)
+
+
+@pytest.mark.parametrize("tokens, pos, table, message", [
+    ([3, 260], [4, 5], [[0, 1, -1], [2, 3, -1]], "token id outside"),
+    ([3, -1], [4, 5], [[0, 1, -1], [2, 3, -1]], "token id outside"),
+    ([3, 4], [4, 12], [[0, 1, -1], [2, 3, 4]], "request 1: context 13 > max_position 12"),
+    ([3, 4], [4, 8], [[0, 1, -1], [2, 3, -1]], "request 1: 2 blocks cannot hold 9 tokens"),  # -1 where it goes
+    ([3, 4], [4, 8], [[0, 1], [2, 3]], "request 1: 2 blocks cannot hold 9 tokens"),  # past the table's end
+    ([3, 4], [4, 5], [[0, 1, -1], [2, 8, -1]], "block id outside"),  # where a token goes
+    ([3, 4], [4, 1], [[0, 1, -1], [2, -1, 9]], "block id outside"),  # in a column no context reaches
+], ids=["token-high", "token-negative", "max-position", "short-table", "narrow-table", "block", "unused-block"])
+def test_decode_batches_are_refused_as_check_refuses_them(tokens, pos, table, message) -> None:
+    runner = TorchRunner(SHORT, num_blocks=8, block_size=BLOCK)
+    tables = np.array([[0, 1, -1], [2, 3, -1]])
+    ones = np.ones(2, dtype=np.int64)
+    runner.prepare(decode_batch(0, [3, 4], [4, 5], tables, ones=ones))  # a good batch first: its arrays are cached
+    same = np.array(table)
+    if np.array_equal(same, tables):
+        same = tables  # the cached tables array itself, now with positions it cannot serve
+    with pytest.raises(ValueError, match=message):
+        runner.prepare(decode_batch(1, tokens, pos, same, ones=ones))
+    with pytest.raises(ValueError, match=message):  # and the same from a fresh runner
+        TorchRunner(SHORT, num_blocks=8, block_size=BLOCK).prepare(decode_batch(1, tokens, pos, np.array(table)))
