@@ -29,13 +29,13 @@ agree: row counts, column sums, every row (both sorted), with a sample of rows p
 Usage: python benchmarks/bench_queries.py [--iterations N] [--repeat R] [--threads T] [--keep DB]
 (--keep DB writes the database there and reuses it on a later run when it holds the same copies.)
 
-Measured on 2 cores at 1,000,448 iterations (2026-11-29): gap attribution SQL 6.57 s against pandas
-10.70 s with loading (5.76 s without): x1.6, short of the x10 target; TTFT SQL 0.07 s against 0.73 s
-(x10.1). Where host_gaps_parts spends its time (operator profile, ~28 CPU-s summed over threads):
-each of the two ASOF joins ~4.5 s, the lead() window of _host_gaps_leaves 4.4 s, the phase group-by
-3.75 s, the final ORDER BY 2.4 s, `iterations` ~3 s. A rewrite as one sorted stream with window
-functions gave identical rows but ran slower end to end (11.6 s): IGNORE NULLS windows and frames
-reaching forward are quadratic in DuckDB 2.0.1, and one engine thread is one window partition.
+Measured on 2 cores at 1,000,448 iterations (2026-11-29, load average 0.6-1.0): gap attribution SQL
+5.23 s (6.98 CPU-s, peak RSS 1,617 MiB) against pandas 13.27 s with loading (8.12 s without; peak
+3,662 MiB): x2.5, short of the x10 target; TTFT SQL 0.07 s against 0.77 s (x10.6). The gap walk
+(host_gaps.sql) halved the view's CPU (13.1-15.3 CPU-s with two ASOF joins, a lead() window and two
+large GROUP BYs). Where its ~6.3 CPU-s go, roughly: the gaps (device-range ASOF join, its 1M-group
+aggregation and the gap window) 1.5; the 7M-row sort of the walk 0.9; the final 6M-row sort and its
+streaming pass 1.5; converting the 6M result rows to Arrow 0.5-0.8.
 """
 from __future__ import annotations
 
