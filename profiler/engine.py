@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import bisect
 import gc
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,6 +50,22 @@ class _IdArray:
         if ids is not self._source and (len(ids) or len(self._array)):  # one empty array serves all empty lists
             self._source, self._array = ids, np.array(ids, dtype=np.int64)
         return self._array
+
+
+@contextmanager
+def no_full_collections() -> Iterator[None]:
+    """No full passes of the cyclic garbage collector in the block; young ones still run.
+
+    A run's requests and its run log's buffers live for the whole run, and each full pass walks all of
+    them: at 40,000 simulated requests, 8 passes took 1.3 s. The reference cycles a run makes (the torch
+    runner's, about 27 objects an iteration) are young when they die, so young collections take them.
+    """
+    thresholds = gc.get_threshold()
+    gc.set_threshold(thresholds[0], thresholds[1], 2**30)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
 
 
 class NoProgress(RuntimeError):
@@ -112,16 +129,13 @@ class Engine:
 
     def run(self, requests: Iterable[Request]) -> RunResult:
         """Run the requests until every one reaches a terminal state."""
-        gc.freeze()  # the requests live for the whole run: spare them the collector's full passes
-        try:
+        with no_full_collections():
             steps = self.steps(requests)
             while True:
                 try:
                     next(steps)
                 except StopIteration as done:
                     return done.value
-        finally:
-            gc.unfreeze()
 
     def steps(self, requests: Iterable[Request]) -> Generator[None, None, RunResult]:
         """The run as a generator: it pauses before each pass of the loop and returns the RunResult.

@@ -8,7 +8,7 @@ from importlib import metadata
 from pathlib import Path
 
 from itertrace.profiler.clock import SimClock, WallClock
-from itertrace.profiler.engine import Engine, RunResult
+from itertrace.profiler.engine import Engine, RunResult, no_full_collections
 from itertrace.profiler.kv import BlockManager
 from itertrace.profiler.request import Phase, Request
 from itertrace.profiler.runlog import RunLog
@@ -75,8 +75,9 @@ def run(spec: RunSpec, requests: list[Request], *, run_dir: Path | None = None, 
     clock, runner = runner_and_clock or make_runner(spec)
     engine = _engine(spec, clock, runner, run_dir, keep_membership=keep_membership, keep_tokens=keep_tokens,
                      progress=progress, on_iteration=on_iteration)
-    result = engine.run(requests)
-    _close(engine, spec, workload, result)
+    with no_full_collections():  # through the close too: its last row groups are many new objects
+        result = engine.run(requests)
+        _close(engine, spec, workload, result)
     return result
 
 
