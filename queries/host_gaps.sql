@@ -21,12 +21,15 @@
 -- gap's start, and no earlier leaf reaches the gap). Whether a range is a leaf is seen at the next
 -- phase range of the walk (it is not a leaf if that one starts before it ends), after its pairs
 -- were found, so the pairs of non-leaves are dropped afterwards. The parts are then sorted by
--- (track, iteration, phase) and walked again to add up the time of each phase in each gap, and the
--- gap's unattributed rest.
+-- (track, gap, phase) and walked again to add up the time of each phase in each gap, and the gap's
+-- unattributed rest. Gaps are keyed by their place on the track (gap_seq), not by iteration: an
+-- iteration may be NULL, for a step the mapping cannot number. host_gaps_parts lists the gaps in
+-- host_gaps' order, each gap's parts by phase name with `unattributed` last.
 --
 -- @param limit BIGINT How many gaps host_gaps_worst lists; 10 when not given.
 
--- The gaps, in no particular order (host_gaps sorts them); device_start_ns is kept for that sort.
+-- The gaps, in no particular order (host_gaps sorts them). gap_seq, the gap's place on its track,
+-- is the key the views below join gaps on: an iteration may be NULL (a step the mapping cannot number).
 CREATE VIEW _host_gaps_unordered AS
 WITH
   device AS (
@@ -38,7 +41,8 @@ WITH
     SELECT
       *,
       arg_max(iteration, device_end_ns) OVER before AS prev_iteration,
-      max(device_end_ns) OVER before AS busy_until_ns
+      max(device_end_ns) OVER before AS busy_until_ns,
+      count(*) OVER before AS gap_seq  -- device intervals before this one: one window with the two above
     FROM device
     WINDOW before AS (PARTITION BY global_tid ORDER BY device_start_ns, iteration
                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
@@ -49,7 +53,8 @@ SELECT
   iteration,
   least(busy_until_ns, device_start_ns) AS gap_start_ns,
   device_start_ns AS gap_end_ns,
-  greatest(device_start_ns - busy_until_ns, 0) AS gap_ns
+  greatest(device_start_ns - busy_until_ns, 0) AS gap_ns,
+  gap_seq
 FROM ordered
 WHERE busy_until_ns IS NOT NULL;
 
@@ -91,7 +96,7 @@ FROM names;
 CREATE VIEW _host_gaps_overlaps AS
 WITH
   gaps AS (
-    SELECT global_tid, iteration, gap_start_ns, gap_end_ns FROM _host_gaps_unordered WHERE gap_ns > 0
+    SELECT global_tid, iteration, gap_seq, gap_start_ns, gap_end_ns FROM _host_gaps_unordered WHERE gap_ns > 0
   ),
   events AS (
     -- One opening row per track, first on it: as its latest gap and latest phase range it carries
@@ -103,16 +108,17 @@ WITH
       NULL::BIGINT AS range_id,
       NULL::INTEGER AS phase_rank,
       {'iteration': NULL::BIGINT} AS gap_iteration,
+      NULL::BIGINT AS gap_seq,
       -9223372036854775808 AS gap_end_ns
     FROM gaps
     UNION ALL
     -- The gaps (end_ns NULL: at one instant a gap comes before the ranges). The iteration is boxed
     -- in a struct so that a NULL iteration is still carried by last_value(... IGNORE NULLS).
-    SELECT global_tid, gap_start_ns, NULL, NULL, NULL, {'iteration': iteration}, gap_end_ns
+    SELECT global_tid, gap_start_ns, NULL, NULL, NULL, {'iteration': iteration}, gap_seq, gap_end_ns
     FROM gaps
     UNION ALL
     -- The push/pop phase ranges of the tracks; one still open when the capture stopped ends last.
-    SELECT r.global_tid, r.start_ns, coalesce(r.end_ns, 9223372036854775807), r.range_id, n.phase_rank, NULL, NULL
+    SELECT r.global_tid, r.start_ns, coalesce(r.end_ns, 9223372036854775807), r.range_id, n.phase_rank, NULL, NULL, NULL
     FROM nvtx_ranges AS r
     JOIN _host_gaps_phase_names AS n ON n.text = r.text
     WHERE r.range_kind = 'push_pop'
@@ -129,6 +135,7 @@ WITH
       *,
       last_value(gap_end_ns IGNORE NULLS) OVER so_far AS last_gap_end_ns,
       last_value(gap_iteration IGNORE NULLS) OVER so_far AS last_gap_iteration,
+      last_value(gap_seq IGNORE NULLS) OVER so_far AS last_gap_seq,
       last_value(end_ns IGNORE NULLS) OVER so_far AS last_end_ns,
       last_value(range_id IGNORE NULLS) OVER so_far AS last_range_id,
       last_value(phase_rank IGNORE NULLS) OVER so_far AS last_phase_rank
@@ -142,6 +149,7 @@ WITH
     SELECT
       global_tid,
       CASE WHEN range_id IS NOT NULL THEN last_gap_iteration ELSE gap_iteration END.iteration AS iteration,
+      CASE WHEN range_id IS NOT NULL THEN last_gap_seq ELSE gap_seq END AS gap_seq,
       last_range_id AS range_id,
       last_phase_rank AS phase_rank,
       -- (computed only for pairs: the opening rows' smallest time must not enter a subtraction)
@@ -157,29 +165,20 @@ WITH
     WHERE (CASE WHEN range_id IS NOT NULL THEN start_ns < last_gap_end_ns ELSE start_ns < last_end_ns END)
        OR (range_id IS NOT NULL AND start_ns < before_end_ns)
   )
-SELECT global_tid, iteration, phase_rank, overlap_ns
+SELECT global_tid, iteration, gap_seq, phase_rank, overlap_ns
 FROM found
 WHERE is_pair
   AND range_id NOT IN (SELECT not_leaf_id FROM found WHERE not_leaf_id IS NOT NULL);
 
--- Each gap split into host phases and an `unattributed` remainder; a gap's parts add up to its gap_ns.
-CREATE VIEW host_gaps_parts (
-  -- The track (host_gaps.global_tid).
-  global_tid,
-  -- The iteration after the gap (host_gaps.iteration).
-  iteration,
-  -- Host phase (mapping_phase_name of the leaf ranges), or 'unattributed' for time no leaf covers.
-  phase,
-  -- Time of the gap spent in this phase; every gap has an unattributed row, possibly 0.
-  dur_ns
-) AS
+-- host_gaps_parts, with each gap's gap_seq (the key the summaries below join gaps on).
+CREATE VIEW _host_gaps_parts_keyed AS
 WITH
   parts AS (
     -- The overlaps, and each gap as its unattributed part (phase_rank after every phase's).
-    SELECT global_tid, iteration, phase_rank, overlap_ns AS attributed_ns, NULL::BIGINT AS gap_ns
+    SELECT global_tid, iteration, gap_seq, phase_rank, overlap_ns AS attributed_ns, NULL::BIGINT AS gap_ns
     FROM _host_gaps_overlaps
     UNION ALL
-    SELECT global_tid, iteration, 2147483647, 0, gap_ns
+    SELECT global_tid, iteration, gap_seq, 2147483647, 0, gap_ns
     FROM _host_gaps_unordered
   ),
   named AS (
@@ -188,17 +187,17 @@ WITH
     LEFT JOIN (SELECT DISTINCT phase, phase_rank FROM _host_gaps_phase_names) AS n ON n.phase_rank = p.phase_rank
   ),
   ordered AS (
-    SELECT * FROM named ORDER BY global_tid, iteration, phase_rank
+    SELECT * FROM named ORDER BY global_tid, gap_seq, phase_rank
   ),
   walk AS (
-    -- A running total of the attributed time; where (track, iteration) or the phase changes.
+    -- A running total of the attributed time; where the gap (track, gap_seq) or the phase changes.
     SELECT
       *,
       sum(attributed_ns) OVER (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS total_ns,
-      global_tid IS DISTINCT FROM lag(global_tid) OVER () OR iteration IS DISTINCT FROM lag(iteration) OVER ()
+      global_tid IS DISTINCT FROM lag(global_tid) OVER () OR gap_seq IS DISTINCT FROM lag(gap_seq) OVER ()
         AS first_of_gap,
       phase_rank IS DISTINCT FROM lag(phase_rank) OVER () AS phase_changed,
-      global_tid IS DISTINCT FROM lead(global_tid) OVER () OR iteration IS DISTINCT FROM lead(iteration) OVER ()
+      global_tid IS DISTINCT FROM lead(global_tid) OVER () OR gap_seq IS DISTINCT FROM lead(gap_seq) OVER ()
         OR phase_rank IS DISTINCT FROM lead(phase_rank) OVER () AS last_of_phase
     FROM ordered
   ),
@@ -213,16 +212,30 @@ WITH
     FROM walk
     WINDOW so_far AS (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
   )
--- A phase's time in a gap at its last row; the unattributed part at the gap's own row(s). Rows keep
--- the order of the sort above. (A gap whose iteration is NULL keeps all of its time unattributed.)
+-- A phase's time in a gap at its last row; the unattributed part at the gap's own row. Rows keep
+-- the order of the sort above.
 SELECT
   global_tid,
   iteration,
+  gap_seq,
   phase,
-  (CASE WHEN gap_ns IS NOT NULL THEN gap_ns - CASE WHEN iteration IS NULL THEN 0 ELSE total_ns - gap_before_ns END
-        ELSE total_ns - phase_before_ns END)::BIGINT
+  (CASE WHEN gap_ns IS NOT NULL THEN gap_ns - (total_ns - gap_before_ns)
+        ELSE total_ns - phase_before_ns END)::BIGINT AS dur_ns
 FROM totals
 WHERE gap_ns IS NOT NULL OR last_of_phase;
+
+-- Each gap split into host phases and an `unattributed` remainder; a gap's parts add up to its gap_ns.
+CREATE VIEW host_gaps_parts (
+  -- The track (host_gaps.global_tid).
+  global_tid,
+  -- The iteration after the gap (host_gaps.iteration).
+  iteration,
+  -- Host phase (mapping_phase_name of the leaf ranges), or 'unattributed' for time no leaf covers.
+  phase,
+  -- Time of the gap spent in this phase; every gap has an unattributed row, possibly 0.
+  dur_ns
+) AS
+SELECT global_tid, iteration, phase, dur_ns FROM _host_gaps_parts_keyed;
 
 -- Per host phase, its time in gaps: totals and distribution over all gaps (0 where a gap has none of it).
 CREATE VIEW host_gaps_by_phase (
@@ -248,13 +261,13 @@ CREATE VIEW host_gaps_by_phase (
   max_ns
 ) AS
 WITH
-  parts AS (SELECT * FROM host_gaps_parts),
+  parts AS (SELECT * FROM _host_gaps_parts_keyed),
   phases AS (SELECT DISTINCT phase FROM parts),
   grid AS (
     SELECT p.phase, coalesce(x.dur_ns, 0) AS dur_ns
     FROM phases AS p
-    CROSS JOIN host_gaps AS g
-    LEFT JOIN parts AS x ON x.phase = p.phase AND x.global_tid = g.global_tid AND x.iteration = g.iteration
+    CROSS JOIN _host_gaps_unordered AS g
+    LEFT JOIN parts AS x ON x.phase = p.phase AND x.global_tid = g.global_tid AND x.gap_seq = g.gap_seq
   ),
   all_gaps AS (SELECT sum(gap_ns) AS total_ns FROM host_gaps)
 SELECT
@@ -355,20 +368,20 @@ CREATE VIEW host_gaps_worst (
 ) AS
 WITH
   ranked AS (
-    SELECT *, row_number() OVER (ORDER BY gap_ns DESC, global_tid, iteration) AS rank
-    FROM host_gaps
+    SELECT *, row_number() OVER (ORDER BY gap_ns DESC, global_tid, iteration, gap_seq) AS rank
+    FROM _host_gaps_unordered
   ),
   worst AS (
     SELECT * FROM ranked WHERE rank <= coalesce(getvariable('limit')::BIGINT, 10)
   ),
   top_part AS (
     -- The longest part of each of those gaps; of parts equally long, the first by name.
-    SELECT p.global_tid, p.iteration, p.phase, p.dur_ns
-    FROM host_gaps_parts AS p
-    SEMI JOIN worst AS w ON w.global_tid = p.global_tid AND w.iteration = p.iteration
-    QUALIFY row_number() OVER (PARTITION BY p.global_tid, p.iteration ORDER BY p.dur_ns DESC, p.phase) = 1
+    SELECT p.global_tid, p.gap_seq, p.phase, p.dur_ns
+    FROM _host_gaps_parts_keyed AS p
+    SEMI JOIN worst AS w ON w.global_tid = p.global_tid AND w.gap_seq = p.gap_seq
+    QUALIFY row_number() OVER (PARTITION BY p.global_tid, p.gap_seq ORDER BY p.dur_ns DESC, p.phase) = 1
   )
 SELECT w.rank, w.global_tid, w.prev_iteration, w.iteration, w.gap_ns, t.phase, t.dur_ns
 FROM worst AS w
-JOIN top_part AS t ON t.global_tid = w.global_tid AND t.iteration = w.iteration
+JOIN top_part AS t ON t.global_tid = w.global_tid AND t.gap_seq = w.gap_seq
 ORDER BY w.rank;

@@ -284,6 +284,33 @@ def test_parts_add_up_to_each_gap(trace, tables):
     assert parts_by_gap(trace) == gap_lengths(trace)
 
 
+def test_gaps_of_unnumbered_steps_are_kept_apart(trace):
+    # Steps without a payload have no iteration number: their gaps are still split one by one.
+    # Gap [70, 120): sample 10, postprocess 18, 2 between steps, schedule 15, prepare 5.
+    # Gap [170, 210): sample 15, 15 between steps, schedule 10.
+    trace.load({"nvtx_ranges": [
+        step(1, None, 0, 100),
+        phase(2, "schedule", 0, 10, 1), phase(3, "prepare", 10, 20, 1), phase(4, "forward", 20, 70, 1),
+        phase(5, "sample", 70, 80, 1), phase(6, "postprocess", 80, 98, 1),
+        step(7, None, 100, 200),
+        phase(8, "schedule", 100, 115, 7), phase(9, "prepare", 115, 120, 7), phase(10, "forward", 120, 170, 7),
+        phase(11, "sample", 170, 185, 7),
+        step(12, None, 200, 300),
+        phase(13, "schedule", 200, 210, 12), phase(14, "forward", 210, 260, 12),
+    ]})
+    assert trace.query("host_gaps_parts") == sorted([  # (query returns rows sorted)
+        (TID_A, None, "postprocess", 18), (TID_A, None, "prepare", 5), (TID_A, None, "sample", 10),
+        (TID_A, None, "schedule", 15), (TID_A, None, "unattributed", 2),
+        (TID_A, None, "sample", 15), (TID_A, None, "schedule", 10), (TID_A, None, "unattributed", 15),
+    ], key=lambda row: (row[2], row[3]))
+    assert trace.query("host_gaps_worst") == [
+        (1, TID_A, None, None, 50, "postprocess", 18),
+        (2, TID_A, None, None, 40, "sample", 15),  # sample and unattributed tie: the first by name
+    ]
+    by_phase = {row[0]: row[1:4] for row in trace.query("host_gaps_by_phase")}  # phase: gaps, with it, total
+    assert by_phase["sample"] == (2, 2, 25) and by_phase["unattributed"] == (2, 2, 17)
+
+
 def test_summary_per_track(trace):
     trace.load(GPU_THREE_STEPS)
     # Gaps 0 and 130 over 30..290; launch latencies 10, 5 and 20.
