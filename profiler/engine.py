@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import bisect
-import gc
-from collections.abc import Callable, Generator, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from itertrace.profiler.batch import Batch, Runner
+from itertrace.profiler.gcquiet import no_full_collections
 from itertrace.profiler.nvtx_ranges import ADMIT, ARRIVE, FINISH, PhaseName, Tracer
 from itertrace.profiler.request import Request
 from itertrace.profiler.runlog import RunLog
@@ -50,22 +49,6 @@ class _IdArray:
         if ids is not self._source and (len(ids) or len(self._array)):  # one empty array serves all empty lists
             self._source, self._array = ids, np.array(ids, dtype=np.int64)
         return self._array
-
-
-@contextmanager
-def no_full_collections() -> Iterator[None]:
-    """No full passes of the cyclic garbage collector in the block; young ones still run.
-
-    A run's requests and its run log's buffers live for the whole run, and each full pass walks all of
-    them: at 40,000 simulated requests, 8 passes took 1.3 s. The reference cycles a run makes (the torch
-    runner's, about 27 objects an iteration) are young when they die, so young collections take them.
-    """
-    thresholds = gc.get_threshold()
-    gc.set_threshold(thresholds[0], thresholds[1], 2**30)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*thresholds)
 
 
 class NoProgress(RuntimeError):

@@ -8,7 +8,8 @@ from importlib import metadata
 from pathlib import Path
 
 from itertrace.profiler.clock import SimClock, WallClock
-from itertrace.profiler.engine import Engine, RunResult, no_full_collections
+from itertrace.profiler.engine import Engine, RunResult
+from itertrace.profiler.gcquiet import no_full_collections
 from itertrace.profiler.kv import BlockManager
 from itertrace.profiler.request import Phase, Request
 from itertrace.profiler.runlog import RunLog
