@@ -31,13 +31,13 @@ Usage: python benchmarks/bench_queries.py [--iterations N] [--repeat R] [--threa
 
 Measured on 2 cores at 1,000,448 iterations (2026-11-29, load average 0.6-1.2), three runs of this
 script after the gap walk (host_gaps.sql): gap attribution SQL 5.23, 5.08 and 4.48 s (6.5-7.6 CPU-s,
-peak RSS 1.6-2.1 GiB) against pandas with loading 13.27, 11.31 and 13.28 s (7.2-8.1 s without; peak
+peak RSS 1.6-2.1 GiB) against pandas with loading 13.27, 11.31 and 13.28 s (6.4-8.1 s without; peak
 3.7 GiB): x2.5, x2.2 and x3.0, short of the x10 target (the last run with gaps keyed by gap_seq);
 TTFT SQL 0.07 s against 0.67-0.77 s (x9.9-10.6). The walk halved the view's CPU (13.1-15.3 CPU-s
-with two ASOF joins, a lead() window and two large GROUP BYs). Where its ~6.5 CPU-s go, roughly: the
-gaps (device-range ASOF join, its 1M-group aggregation and the gap window) 1.5; the 7M-row sort of
-the walk 0.9; the final 6M-row sort and its streaming pass 1.5; converting the 6M result rows to
-Arrow 0.5-0.8.
+with two ASOF joins, a lead() window and two large GROUP BYs). Where its ~6.5 CPU-s go, roughly
+(helper-13's operator profile): the gaps (device-range ASOF join, its 1M-group aggregation and the
+gap window) 1.5; the 7M-row sort of the walk 0.9; the final 6M-row sort and its streaming pass 1.5;
+converting the 6M result rows to Arrow 0.5-0.8.
 """
 from __future__ import annotations
 

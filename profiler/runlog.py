@@ -142,8 +142,9 @@ class _Table:
 
 def _encodings(schema: pa.Schema) -> dict:
     """Parquet encodings: integers (ids, iterations, clocks: mostly small steps) delta-packed, strings
-    dictionary-encoded. Against the default (a dictionary for every column) an event row group of
-    200,000 rows writes in about 60% of the time and takes a ninth of the space."""
+    dictionary-encoded. Against the default (a dictionary for every column), a made-up row group of
+    200,000 event rows (ids, iterations, clocks, kinds) wrote in 26 ms instead of 43 and took 52 KB
+    instead of 487 KB."""
     ints, strings = {}, []
     for f in schema:
         leaf = f.type.value_type if pa.types.is_list(f.type) else f.type

@@ -76,8 +76,8 @@ def run(spec: RunSpec, requests: list[Request], *, run_dir: Path | None = None, 
     clock, runner = runner_and_clock or make_runner(spec)
     engine = _engine(spec, clock, runner, run_dir, keep_membership=keep_membership, keep_tokens=keep_tokens,
                      progress=progress, on_iteration=on_iteration)
-    with no_full_collections():  # through the close too: its last row groups are many new objects
-        result = engine.run(requests)
+    result = engine.run(requests)  # itself without full collections
+    with no_full_collections():  # nor in the close: its last row groups are many new objects
         _close(engine, spec, workload, result)
     return result
 

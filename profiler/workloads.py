@@ -42,12 +42,12 @@ def build_requests(specs: list[RequestSpec], *, seed: int = 0, sampling: Samplin
     base = sampling or SamplingParams()
     with no_full_collections():  # millions of long-lived objects (see gcquiet)
         # all prompts in one call: synth_prompts shares its numpy work between them
-        prompts = synth_prompts([spec.prompt_tokens for spec in specs],
-                                [seed * 1_000_003 + i for i in range(len(specs))])
+        seeds = [seed * 1_000_003 + i for i in range(len(specs))]  # each request's prompt and sampling
+        prompts = synth_prompts([spec.prompt_tokens for spec in specs], seeds)
         out = []
         for i, (spec, prompt_ids) in enumerate(zip(specs, prompts)):
             sp = replace(base, max_tokens=spec.output_tokens, stop_token_ids=base.stop_token_ids or (EOS,),
-                         ignore_eos=ignore_eos, seed=base.seed + seed * 1_000_003 + i)
+                         ignore_eos=ignore_eos, seed=base.seed + seeds[i])
             out.append(Request(
                 request_id=i, prompt_ids=prompt_ids, sampling=sp,
                 arrival_ns=spec.arrival_ns, priority=spec.priority, tenant=spec.tenant,
