@@ -48,6 +48,13 @@ class Batch:
     Arrays rather than per-sequence objects, so that a steady decode iteration costs the scheduler
     and the runner a few vector operations instead of Python work per sequence. `seqs` gives the
     same content as SeqWork tuples, for simple runners and tests.
+
+    Whoever makes a batch never writes its arrays afterwards, with one exception, so that runners may
+    keep what follows from an array for the next batch that brings it: a row of `block_tables` may
+    take its next block in place, in the -1 entry where the sequence's next token goes, just before
+    the batch of that token is handed out (the scheduler's decode rows grow so). Entries covering a
+    sequence's context in a batch never change; an older batch's tables (and `seqs`) may show blocks
+    taken later.
     """
 
     iteration: int

@@ -11,7 +11,7 @@ requests are few per iteration and go through `build_batch`, one row each.
 from __future__ import annotations
 
 import bisect
-from itertools import chain, compress, repeat
+from itertools import chain
 
 import numpy as np
 
@@ -23,52 +23,62 @@ from itertrace.profiler.request import Request
 
 def build_batch(head: Batch, work: list[tuple[Request, int]]) -> Batch:
     """The rows of `head` (the decode rows), then one row per (request, tokens this iteration) of `work`."""
-    ids, start, counts, sample, generated, tokens = [], [], [], [], [], []
+    columns, tokens = [], []  # columns: (request id, start, tokens, sample, generated) per request
     for r, k in work:  # one pass over the requests
         pos, outputs = r.num_computed, len(r.output_ids)
-        ids.append(r.request_id)
-        start.append(pos)
-        counts.append(k)
-        sample.append(pos + k == len(r.prompt_ids) + outputs)
-        generated.append(outputs)
+        columns.append((r.request_id, pos, k, pos + k == len(r.prompt_ids) + outputs, outputs))
         if k == 1 and outputs and pos == len(r.prompt_ids) + outputs - 1:
             tokens.append(r.output_ids[-1])  # a decode: its last sampled token
         else:
             tokens += r.token_slice(pos, k)
-    lengths = np.array([len(r.block_ids) for r, _ in work], dtype=np.int64)
-    d, width = head.num_seqs, head.block_tables.shape[1]
-    tables = np.full((d + len(work), max(width, int(lengths.max(initial=0)))), -1, dtype=np.int64)
-    tables[:d, :width] = head.block_tables
-    held = np.arange(tables.shape[1]) < lengths[:, None]  # [len(work), width]
-    tables[d:][held] = list(chain.from_iterable(r.block_ids for r, _ in work))
+    ids, start, counts, sample, generated = np.array(columns, dtype=np.int64).reshape(len(work), 5).T
+    width = max(head.block_tables.shape[1], max((len(r.block_ids) for r, _ in work), default=0))
     join = np.concatenate
     return Batch(
         iteration=head.iteration,
         block_size=head.block_size,
-        request_ids=join((head.request_ids, np.array(ids, dtype=np.int64))),
-        start_pos=join((head.start_pos, np.array(start, dtype=np.int64))),
-        num_tokens=join((head.num_tokens, np.array(counts, dtype=np.int64))),
+        request_ids=join((head.request_ids, ids)),
+        start_pos=join((head.start_pos, start)),
+        num_tokens=join((head.num_tokens, counts)),
         token_ids=join((head.token_ids, np.array(tokens, dtype=np.int64))),
-        sample=join((head.sample, np.array(sample, dtype=bool))),
-        block_tables=tables,
-        num_generated=join((head.num_generated, np.array(generated, dtype=np.int64))),
+        sample=join((head.sample, sample.astype(bool))),
+        block_tables=join((_padded(head.block_tables, width), _tables([r for r, _ in work], width))),
+        num_generated=join((head.num_generated, generated)),
         sampling=head.sampling + tuple(r.sampling for r, _ in work),
     )
+
+
+def _tables(reqs: list[Request], width: int) -> np.ndarray:
+    """[len(reqs), width] the requests' block tables, padded with -1."""
+    return np.array([r.block_ids + [-1] * (width - len(r.block_ids)) for r in reqs], dtype=np.int64).reshape(
+        len(reqs), width)
+
+
+def _padded(tables: np.ndarray, width: int) -> np.ndarray:
+    """Block tables padded with -1 to `width` columns (at least as many as they have): themselves, or a new array."""
+    if tables.shape[1] == width:
+        return tables
+    wider = np.full((len(tables), width), -1, dtype=np.int64)
+    wider[:, : tables.shape[1]] = tables
+    return wider
 
 
 class DecodeRows:
     """The running decodes as arrays in policy order; every row runs one token per iteration.
 
     Requests stay the source of truth (the scheduler updates them every iteration); these arrays are
-    a copy kept in step with them. Arrays handed out in a Batch are never written again: every update
-    makes new arrays, so a batch keeps describing the iteration it was made for.
+    a copy kept in step with them. Arrays handed out in a Batch are never written again, but for the
+    block tables' growth that Batch allows: a growing row's new block goes into its -1 entry in
+    place (`grow`); every other update makes new arrays.
     """
 
     def __init__(self, block_size: int, key: SortKey) -> None:
         self.block_size = block_size
+        self._block_size = np.int64(block_size)  # as an operand: cheaper than a Python int
         self._key = key
         self.reqs: list[Request] = []  # [D] in policy order
         self._sampling: list[SamplingParams] = []
+        self._row_work: list[tuple[Request, int]] = []  # (request, 1) per row
         none = np.empty(0, dtype=np.int64)
         self.request_ids = self.pos = self.tokens = self.num_generated = none  # [D] each, as in a Batch
         self.last_step = none  # [D] num_generated when a row samples its last token (max_tokens - 1)
@@ -79,7 +89,6 @@ class DecodeRows:
         self._joining: list[Request] = []
         self._leaving: list[int] = []
         self._batch_parts: tuple | None = None  # (sampling tuple, ones, all-true) while the rows are unchanged
-        self._tables_out = False  # self.tables is in a batch already handed out: copy before writing
         self._work: list[tuple[Request, int]] | None = None
 
     def __len__(self) -> int:
@@ -98,23 +107,19 @@ class DecodeRows:
         if not self._leaving and not self._joining:
             return
         n = len(self.reqs)
-        keep = np.ones(n, dtype=bool)
-        keep[self._leaving] = False
+        order = list(range(n))  # merged row -> row of (current rows, then new rows)
+        for i in sorted(set(self._leaving), reverse=True):
+            del self.reqs[i], self._sampling[i], self._row_work[i], order[i]
         self._leaving = []
-        mask = keep.tolist()
-        self.reqs = list(compress(self.reqs, mask))
-        self._sampling = list(compress(self._sampling, mask))
-        order = keep.nonzero()[0]  # merged row -> row of (current rows, then new rows)
         new = sorted(self._joining, key=self._key)
         self._joining = []
-        if new:
-            at = [bisect.bisect_left(self.reqs, self._key(r), key=self._key) for r in new]  # keys are evaluated now
-            order = order.tolist()
-            for j in reversed(range(len(new))):
-                self.reqs.insert(at[j], new[j])
-                self._sampling.insert(at[j], new[j].sampling)
-                order.insert(at[j], n + j)
-            order = np.fromiter(order, dtype=np.int64, count=len(order))
+        at = [bisect.bisect_left(self.reqs, self._key(r), key=self._key) for r in new]  # keys are evaluated now
+        for j in reversed(range(len(new))):
+            self.reqs.insert(at[j], new[j])
+            self._sampling.insert(at[j], new[j].sampling)
+            self._row_work.insert(at[j], (new[j], 1))
+            order.insert(at[j], n + j)
+        order = np.fromiter(order, dtype=np.int64, count=len(order))
         # the per-row columns go through one [6, D] array: one concatenate and one gather for all of them
         bs = self.block_size
         columns = np.array([(r.request_id, r.num_computed, r.output_ids[-1], len(r.output_ids),
@@ -123,10 +128,7 @@ class DecodeRows:
         merged = np.concatenate((current, columns.reshape(len(new), 6).T), axis=1).take(order, axis=1)
         self.request_ids, self.pos, self.tokens, self.num_generated, self.last_step, self.room = merged
         width = max(self.tables.shape[1], max((len(r.block_ids) for r in new), default=0))
-        tables = np.array([r.block_ids + [-1] * (width - len(r.block_ids)) for r in new], dtype=np.int64)
-        current = self.tables if self.tables.shape[1] == width else self._widened(width)
-        self.tables = np.concatenate((current, tables.reshape(len(new), width))).take(order, axis=0)
-        self._tables_out = False
+        self.tables = np.concatenate((_padded(self.tables, width), _tables(new, width))).take(order, axis=0)
         stops = set(chain.from_iterable(r.sampling.stop_token_ids for r in new if not r.sampling.ignore_eos))
         if not stops <= self._stop_ids:
             self._stop_ids |= stops
@@ -134,26 +136,28 @@ class DecodeRows:
         self._batch_parts = self._work = None
 
     def growing(self) -> np.ndarray:
-        """Rows whose next token starts a new KV block."""
+        """[G] rows whose next token starts a new KV block, in row order."""
         return (self.pos >= self.room).nonzero()[0]
 
-    def grow(self, rows: list[int], blocks: BlockManager) -> None:
-        """Give each of `rows` one more KV block (in row order), in its request and in its table row."""
-        room = self.room[rows]
-        column = room // self.block_size  # [G] where each row's new block goes
-        width = self.tables.shape[1]
-        if int(column.max()) >= width:
-            self.tables = self._widened(2 * width + 1)
-        elif self._tables_out:
-            self.tables = self.tables.copy()
-        self._tables_out = False
-        self.tables[rows, column] = blocks.append_blocks([self.reqs[i] for i in rows])
-        self.room[rows] = room + self.block_size  # room is never handed out
+    def grow(self, rows: np.ndarray, blocks: BlockManager) -> None:
+        """Give each of `rows` ([G], in row order) one more KV block, in its request and in its table row.
+
+        The block goes into the tables in place, at the -1 entry where the row's next token goes (as
+        Batch allows); a row past the tables' last column makes new, wider tables instead.
+        """
+        column = self.room[rows] // self._block_size  # [G] where each row's new block goes
+        new = blocks.append_blocks([self.reqs[i] for i in rows.tolist()])
+        try:
+            self.tables[rows, column] = new
+        except IndexError:  # past the last column (nothing was written)
+            self.tables = _padded(self.tables, 2 * self.tables.shape[1] + 1)
+            self.tables[rows, column] = new
+        self.room[rows] += self._block_size  # room is never handed out
 
     def work(self) -> list[tuple[Request, int]]:
         """[(request, 1)] per row (one list, shared until the rows change)."""
         if self._work is None:
-            self._work = list(zip(self.reqs, repeat(1)))
+            self._work = self._row_work.copy()
         return self._work
 
     def batch(self, iteration: int) -> Batch:
@@ -162,7 +166,6 @@ class DecodeRows:
             n = len(self.reqs)
             self._batch_parts = (tuple(self._sampling), np.ones(n, dtype=np.int64), np.ones(n, dtype=bool))
         sampling, ones, sample = self._batch_parts
-        self._tables_out = True
         return Batch(iteration=iteration, block_size=self.block_size, request_ids=self.request_ids,
                      start_pos=self.pos, num_tokens=ones, token_ids=self.tokens, sample=sample,
                      block_tables=self.tables, num_generated=self.num_generated, sampling=sampling)
@@ -181,11 +184,3 @@ class DecodeRows:
         self.pos = self.pos + 1
         self.num_generated = self.num_generated + 1
         self.tokens = tokens
-
-    def _widened(self, width: int) -> np.ndarray:
-        """The block tables at least `width` wide, as a new array."""
-        if width <= self.tables.shape[1]:
-            return self.tables.copy()
-        wider = np.full((len(self.tables), width), -1, dtype=np.int64)
-        wider[:, : self.tables.shape[1]] = self.tables
-        return wider

@@ -30,8 +30,7 @@ class BlockPool:
         if count > len(self._free):
             raise OutOfBlocks(f"need {count} blocks, {len(self._free)} free")
         blocks = [self._free.popleft() for _ in range(count)]
-        for b in blocks:
-            self._owner[b] = owner
+        self._owner.update(dict.fromkeys(blocks, owner))
         return blocks
 
     def take_each(self, owners: list[int]) -> list[int]:
@@ -43,11 +42,12 @@ class BlockPool:
         return blocks
 
     def give_back(self, owner: int, blocks: list[int]) -> None:
+        """Return the owner's blocks to the back of the free list; a block it does not hold is an error."""
+        owners = self._owner
         for b in blocks:
-            if self._owner.get(b) != owner:
+            if owners.pop(b, None) != owner:
                 raise RuntimeError(f"block {b} is not held by request {owner}")
-            del self._owner[b]
-            self._free.append(b)
+        self._free.extend(blocks)
 
     def owners(self) -> dict[int, int]:
         """Block id -> owning request id, for invariant checks."""

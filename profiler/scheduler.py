@@ -56,6 +56,7 @@ class Scheduler:
         self._swap = SwapPlan()
         self._rows: DecodeRows | None = None  # the running decodes as arrays (None: rebuild)
         self._rows_run = 0  # how many leading rows of the last decision came from self._rows
+        self._prefill_room = prefill_room(config)
 
     # ---- requests coming and going -------------------------------------------------------------
     def add(self, req: Request, iteration: int) -> None:
@@ -98,14 +99,15 @@ class Scheduler:
         cfg = self.config
         self.blocks.reset_counters()
         self._swap = SwapPlan()
-        budget = Budget(cfg.max_num_batched_tokens, prefill_room(cfg), cfg.max_num_seqs)
+        budget = Budget(cfg.max_num_batched_tokens, self._prefill_room, cfg.max_num_seqs)
         rows = self._decode_rows()
         if len(rows) > budget.tokens:  # each decode joined with a token of its own iteration's budget
             raise RuntimeError(f"iteration {iteration}: {len(rows)} running decodes exceed the token budget")
-        # members that are not decoding (prefills; static members waiting to start), in slot order
-        others = ([r for r in self.running if r.phase is not Phase.DECODE and not r.phase.terminal]
-                  if len(self.running) > len(rows) else [])  # every running decode has a row
-        live = sorted(others, key=self._key)
+        # members that are not decoding (prefills; static members waiting to start), in policy order
+        live = []
+        if len(self.running) > len(rows):  # every running decode has a row
+            live = sorted((r for r in self.running if r.phase is not Phase.DECODE and not r.phase.terminal),
+                          key=self._key)
         self._run_rows(rows, live, budget, iteration)
         for req in live:
             if req.phase.terminal or _preempted_at(req, iteration):
@@ -139,16 +141,17 @@ class Scheduler:
         """Give every decode row its token; rows that need a block take one in policy order (see make_room)."""
         if not len(rows):
             return
-        grow = rows.growing().tolist()
+        grow = rows.growing()
         yielded: list[int] = []
         if len(grow) > self.blocks.device.num_free:
             preempt = lambda req: self._preempt(req, iteration)  # noqa: E731
-            grow, yielded = make_room(rows, live, grow, self.blocks, self._key, preempt)
-        if grow:
+            granted, yielded = make_room(rows, live, grow.tolist(), self.blocks, self._key, preempt)
+            grow = np.array(granted, dtype=np.int64)
+        if len(grow):
             rows.grow(grow, self.blocks)
             admission = self._admission
             if admission.reserved:
-                for i in grow:
+                for i in grow.tolist():
                     admission.update(rows.reqs[i])
         if yielded:
             rows.leave(yielded)
@@ -287,13 +290,15 @@ class Scheduler:
     def _decision(self, iteration: int, rows: DecodeRows, budget: Budget) -> Decision:
         """The decode rows, then the work taken one by one (prefills, admissions), as one batch."""
         work = budget.work
-        batch = build_batch(rows.batch(iteration), work) if work else rows.batch(iteration)
+        batch, decode = rows.batch(iteration), len(rows)
+        if work:
+            batch = build_batch(batch, work)
+            decode += sum(n for r, n in work if r.phase is Phase.DECODE)
         stalled = []
         if len(self.running) > len(rows) + len(work):  # someone holding a slot ran nothing
             scheduled = {r.request_id for r, _ in work}
             stalled = [r.request_id for r in self.running if not r.phase.terminal
                        and r.phase is not Phase.DECODE and r.request_id not in scheduled]
-        decode = len(rows) + sum(n for r, n in work if r.phase is Phase.DECODE)
         self._rows_run = len(rows)
         counts = self._admission.counts  # gathered since the last decision: handed out, then reset
         decision = Decision(
@@ -311,6 +316,5 @@ class Scheduler:
             decode_tokens=decode,
             **counts,
         )
-        for name in counts:
-            counts[name] = 0
+        self._admission.counts = dict.fromkeys(counts, 0)
         return decision

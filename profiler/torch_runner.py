@@ -28,10 +28,13 @@ class _DecodeInputs:
     """Inputs of an all-decode batch of n sequences, preallocated and rewritten in place every iteration.
 
     Rows of one host array (token ids, slot mapping, positions, context lengths) and of its device
-    copy, which is the same memory on the CPU, and the block tables in a buffer of their own;
-    a forward pass reads them before the next iteration writes them. The tables are copied and
-    checked only when a batch brings another tables array than the last one: the scheduler makes a
-    new array for every change and never writes one it handed out in a batch.
+    copy, which is the same memory on the CPU; a forward pass reads them before the next iteration
+    writes them. The block tables are read from the batch's own array, checked when a batch brings
+    another array than the last one. The scheduler writes a handed-out tables array in one way only
+    (see Batch): a -1 entry becomes the block the row's next token goes into, just before the batch
+    of that token, whose slot check (`write`) then covers the new block id. On the CPU the tensor
+    passed to attention is the array's own memory, so it sees such writes; on CUDA the tables are
+    uploaded with the other inputs at every iteration.
     """
 
     def __init__(self, n: int, device: torch.device, block_size: int) -> None:
@@ -62,30 +65,32 @@ class _DecodeInputs:
         self.num_tokens: np.ndarray | None = None  # the last num_tokens array seen (all >= 1)
         self.sample: np.ndarray | None = None  # the last sample array seen, and its rows as a tensor
         self.sample_rows = self.rows_tensor
-        self.tables: np.ndarray | None = None  # the last block tables array seen, and what follows from it:
+        self.tables: np.ndarray | None = None  # the last block tables array taken, and what follows from it:
         self.bad_block = False  # some block id lies outside the cache
-        self._tables = np.empty((n, 0), dtype=np.int64)  # [n, max_blocks]: its copy, flattened in _tables_flat
-        self._tables_flat = self._tables.reshape(-1)
-        self._tables_on_device = torch.from_numpy(self._tables).to(device)
+        self._tables = np.empty((n, 0), dtype=np.int64)  # [n, max_blocks]: that array, or a contiguous copy of it
+        self._tables_flat = self._tables.reshape(-1)  # ... flattened
+        self._tables_host = torch.from_numpy(self._tables)  # ... as a tensor (the same memory)
+        self._tables_on_device = self._tables_host.to(device)  # ... on the device (on the CPU: itself)
         self.width = 0  # columns of table_tensor
         self.table_tensor = self._tables_on_device  # [n, width]: the first columns of _tables_on_device
         self.prepared: PreparedBatch | None = None  # made from the tensors above, while they stay
 
     def take_tables(self, tables: np.ndarray, num_blocks: int) -> None:
-        """Another block tables array: check its block ids against the cache and copy it in."""
+        """Another block tables array: check its block ids against the cache and read the tables from it.
+
+        An array that is not C-contiguous, writable int64 is copied, and then taken again with every
+        batch, since writes to it would not reach the copy.
+        """
         self.tables = None  # until it is in
         self.bad_block = bool(np.maximum.reduce(tables, None) >= num_blocks)
-        w = tables.shape[1]
-        if w != self._tables.shape[1]:
-            self._tables = np.empty((len(self.rows), w), dtype=np.int64)
-            self._tables_flat = self._tables.reshape(-1)
-            np.multiply(self.rows, w * self.block_size, self._pos_offsets[2])
-            self._tables_on_device = torch.from_numpy(self._tables).to(self._device)
-            self.width, self.prepared = 0, None
-        self._tables[...] = tables
-        if not self.same_memory:
-            self._tables_on_device.copy_(torch.from_numpy(self._tables))
-        self.tables = tables
+        self._tables = np.require(tables, np.int64, "CW")
+        self._tables_flat = self._tables.reshape(-1)
+        self._tables_host = torch.from_numpy(self._tables)
+        self._tables_on_device = self._tables_host if self.same_memory else self._tables_host.to(self._device)
+        np.multiply(self.rows, tables.shape[1] * self.block_size, self._pos_offsets[2])
+        self.width, self.prepared = 0, None
+        if self._tables is tables:
+            self.tables = tables
 
     def write(self, tokens: np.ndarray, pos: np.ndarray) -> list[int]:
         """Write the inputs; the largest token id, slot and position (unsigned: a negative one reads as huge).
@@ -110,8 +115,9 @@ class _DecodeInputs:
         self.table_tensor = self._tables_on_device[:, :width]
 
     def upload(self) -> None:
-        """Copy the host rows to the device, where `on_device` holds them ([n] each)."""
+        """Copy the host rows and the block tables to the device, where `on_device` and `table_tensor` hold them."""
         self._host_on_device.copy_(self._host)
+        self._tables_on_device.copy_(self._tables_host)
 
 
 class TorchRunner:
@@ -172,7 +178,8 @@ class TorchRunner:
         An all-decode batch is prepared into tensors that the next one rewrites (it may even get the same
         PreparedBatch back): forward it before preparing another. What follows from a batch's arrays may be
         kept for the next batch that brings the same array objects, so an array must not be written once it
-        is in a batch given to prepare (the scheduler never does: every change makes new arrays).
+        is in a batch given to prepare, but in the one way Batch allows for block tables (as the scheduler
+        does: a row's next block goes into its -1 entry just before the batch of that token).
         """
         if batch.block_size != self.block_size:
             raise ValueError(f"batch block_size {batch.block_size} != runner block_size {self.block_size}")
@@ -239,8 +246,9 @@ class TorchRunner:
         several), so a steady iteration makes about ten numpy calls into inputs preallocated for
         this batch size, the last of them one reduction that checks token ids, positions and slots
         together, and no tensor: the PreparedBatch is the last one, its tensors rewritten. The
-        tables are copied and checked against the cache, and the sample rows found, only when the
-        batch brings another tables or sample array than the last one.
+        tables are checked against the cache, and the sample rows found, only when the batch brings
+        another tables or sample array than the last one; a block written into the same tables
+        since is the block of a token of this batch, which the slot check covers.
 
         Refuses what `_check` refuses, with its messages: any doubt goes to `_check`, and a batch it
         lets through to `_prepare_mixed`. A table is taken to hold its blocks from the left, as the

@@ -165,3 +165,34 @@ def test_cancel_frees_blocks_at_the_boundary():
     assert reqs[0].phase is Phase.CANCELED and len(reqs[0].output_ids) == 5
     assert reqs[0].transitions[-1].iteration == 5 and reqs[0].request_id not in res.membership[5]
     assert reqs[1].phase is Phase.FINISHED_LENGTH
+
+
+def test_a_handed_out_batch_changes_only_by_rows_taking_their_next_block_in_place():
+    """Batch's contract, kept by the scheduler: once handed out, a batch's arrays stay as they were, but for
+    -1 entries of the block tables that take the block where the row's next token goes, in the same array."""
+    bs = 4
+    sched = Scheduler(SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=64), BlockManager(200, bs))
+    for req in build_requests([RequestSpec(0, 3 + i, 12) for i in range(6)]):  # rows cross blocks in turn
+        sched.add(req, 0)
+    names = ("request_ids", "start_pos", "num_tokens", "token_ids", "sample", "block_tables", "num_generated")
+    previous, grown = None, 0
+    for it in range(16):
+        if not sched.has_work():
+            break
+        d = sched.schedule(it)
+        if previous is not None:
+            batch, copies = previous
+            for name in names[:-2] + names[-1:]:
+                assert np.array_equal(getattr(batch, name), copies[name]), (it, name)
+            before, after = copies["block_tables"], batch.block_tables
+            changed = np.argwhere(after != before).tolist()
+            if changed:
+                assert d.batch.block_tables is after
+                row = {rid: j for j, rid in enumerate(d.batch.request_ids.tolist())}
+                for i, column in changed:
+                    assert before[i, column] == -1
+                    assert column == d.batch.start_pos[row[int(batch.request_ids[i])]] // bs
+            grown += len(changed)
+        previous = d.batch, {name: getattr(d.batch, name).copy() for name in names}
+        sched.postprocess(d, np.full(len(d.batch.sampled_ids), 7), it)
+    assert grown >= 6  # every row took a block in place at least once

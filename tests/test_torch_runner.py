@@ -252,10 +252,12 @@ def decode_batch(iteration: int, tokens: list[int], pos: list[int], tables: np.n
                  block_tables=tables, num_generated=np.zeros(n, dtype=np.int64), sampling=(GREEDY,) * n)
 
 
+@pytest.mark.parametrize("in_place", [True, False], ids=["grown-in-place", "new-tables"])
 @pytest.mark.parametrize("block_size", [4, 3], ids=["power-of-two", "other"])
-def test_decode_fast_path_gives_the_logits_of_the_general_path(block_size: int) -> None:
-    """Steady decodes with the scheduler's sharing of arrays (tables kept until a row needs a block, a sample
-    mask with a row that does not sample) give bit-identical logits to the general path, which clamps padding."""
+def test_decode_fast_path_gives_the_logits_of_the_general_path(block_size: int, in_place: bool) -> None:
+    """Steady decodes with the scheduler's sharing of arrays (tables kept while rows take blocks in place, or
+    new tables at each change; a sample mask with a row that does not sample) give bit-identical logits to
+    the general path, which clamps padding."""
     fast, general = (TorchRunner(SMALL_GQA, num_blocks=64, block_size=block_size, seed=2) for _ in range(2))
     rng = random.Random(1)
     prompts = [[rng.randrange(256) for _ in range(k)] for k in (5, 1, 12, 8)]
@@ -282,9 +284,11 @@ def test_decode_fast_path_gives_the_logits_of_the_general_path(block_size: int) 
     reused = 0
     for it in range(1, 3 * block_size + 4):
         grow = [i for i in range(len(pos)) if pos[i] >= held[i] * block_size]
-        if grow:  # a new tables array, as DecodeRows makes for every change
-            for i in grow:
-                held[i] += 1
+        for i in grow:
+            if in_place:  # the block goes into the -1 entry of the same array, as DecodeRows.grow does
+                tables[i, held[i]] = owned[i][held[i]]
+            held[i] += 1
+        if grow and not in_place:  # a new tables array, as DecodeRows makes when rows join or leave
             tables = table()
         batch = decode_batch(it, tokens, pos, tables, block_size=block_size, sample=sample, ones=ones)
         prepared = fast.prepare(batch)
@@ -309,6 +313,28 @@ def test_decode_padding_past_each_context_is_never_read() -> None:
     runner.kv_cache[:, :, unused] = float("nan")  # only the contexts' own blocks are read
     again = runner.forward(runner.prepare(decode_batch(1, [19, 42], [9, 2], tables.copy())))
     assert torch.equal(first, again)
+
+
+@pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous", "strided"])
+def test_decode_fast_path_reads_blocks_written_into_the_same_tables(contiguous: bool) -> None:
+    """As Batch allows (and the scheduler's decode rows do), a row's next block goes into its -1 entry of the
+    tables array already prepared: the next prepare of that array writes the token into the new block, and
+    refuses a block id outside the cache. A strided array, which the runner copies, is read again each time."""
+    runner = TorchRunner(SMALL, num_blocks=16, block_size=BLOCK, seed=4)
+    store = np.full((2, 8), -1, dtype=np.int64)
+    tables = store if contiguous else store[:, ::2]
+    tables[0, 0], tables[1, 0] = 7, 5
+    first = runner.prepare(decode_batch(1, [19, 42], [3, 2], tables))
+    assert first.meta.slot_mapping.tolist() == [7 * BLOCK + 3, 5 * BLOCK + 2]
+    runner.forward(first)
+    tables[0, 1] = 11  # row 0's next token, at position 4, starts its second block
+    second = runner.prepare(decode_batch(2, [20, 43], [4, 3], tables))
+    assert second.meta.slot_mapping.tolist() == [11 * BLOCK, 5 * BLOCK + 3]
+    assert second.meta.decode_block_tables.tolist() == [[7, 11], [5, -1]]
+    assert runner.forward(second).shape == (2, SMALL.vocab_size)
+    tables[1, 1] = 16  # row 1's next block, outside the cache
+    with pytest.raises(ValueError, match="block id outside"):
+        runner.prepare(decode_batch(3, [21, 44], [5, 4], tables))
 
 
 SHORT = ModelConfig(hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=4, intermediate_size=96, max_position=12)
