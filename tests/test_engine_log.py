@@ -1,0 +1,92 @@
+"""The engine's bookkeeping against plain recomputations: the event table's order across row groups,
+and the `tokens` marks (which requests got a token, and when that set changed)."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from itertrace.profiler import workloads as wl
+from itertrace.profiler.clock import SimClock
+from itertrace.profiler.decision import Event, EventKind, TokenEvents
+from itertrace.profiler.engine import Engine
+from itertrace.profiler.kv import BlockManager
+from itertrace.profiler.nvtx_ranges import Tracer, tokens_text
+from itertrace.profiler.request import PreemptKind, Reason
+from itertrace.profiler.runlog import RunLog
+from itertrace.profiler.scheduler import Scheduler, SchedulerConfig
+from itertrace.profiler.sim_runner import SimulatedRunner
+
+
+def test_event_rows_and_token_blocks_keep_their_order_across_row_groups(tmp_path):
+    log = RunLog(tmp_path, rows_per_group=4)
+    batches = [
+        [(Event(1, 0, EventKind.ARRIVE, Reason.ARRIVED), 5), (Event(1, 0, EventKind.ADMIT, Reason.ADMITTED), 6),
+         (TokenEvents(0, np.array([1, 2, 3]), np.array([True, False, False])), 9),
+         (Event(2, 0, EventKind.FINISH, Reason.MAX_TOKENS), 9)],
+        [],
+        [(TokenEvents(1, np.array([4, 5]), np.array([False, True])), 20),
+         (TokenEvents(1, np.array([6]), np.array([False])), 20)],
+        [(Event(7, 2, EventKind.PREFILL_CHUNK, None, 16), 30), (TokenEvents(2, np.array([8]), np.array([True])), 31)],
+    ]
+    for stamped in batches:
+        for ev, ts in stamped:
+            if isinstance(ev, TokenEvents):
+                log.token_events(ev.request_ids, ev.iteration, ts, ev.first)
+            else:
+                log.event(ev.request_id, ev.iteration, ts, ev.kind.value, ev.reason.value if ev.reason else None,
+                          ev.tokens)
+    log.close({})
+    expected = []
+    for stamped in batches:
+        for ev, ts in stamped:
+            if isinstance(ev, TokenEvents):
+                expected += [{"request_id": rid, "iteration": ev.iteration, "ts_ns": ts,
+                              "kind": "first_token" if first else "token", "reason": None, "tokens": 1}
+                             for rid, first in zip(ev.request_ids.tolist(), ev.first.tolist())]
+            else:
+                expected.append({"request_id": ev.request_id, "iteration": ev.iteration, "ts_ns": ts,
+                                 "kind": ev.kind.value, "reason": ev.reason.value if ev.reason else None,
+                                 "tokens": ev.tokens})
+    file = pq.ParquetFile(tmp_path / "events.parquet")
+    assert file.read().to_pylist() == expected
+    assert [file.metadata.row_group(i).num_rows for i in range(file.num_row_groups)] == [4, 4, 3]
+
+
+class _Recorder(Tracer):
+    """Keeps the text of every `tokens` mark by iteration, besides emitting it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.marks: dict[int, str] = {}
+
+    def tokens(self, iteration, added, removed) -> None:
+        self.marks[iteration] = tokens_text(added, removed)
+        super().tokens(iteration, added, removed)
+
+
+def test_tokens_marks_are_the_changes_in_who_got_a_token(tmp_path):
+    rng = random.Random(3)
+    specs = [wl.RequestSpec(arrival_ns=rng.randrange(0, 50_000_000), prompt_tokens=rng.choice([3, 20, 90]),
+                            output_tokens=rng.choice([1, 4, 30]),
+                            cancel_at_iteration=rng.randint(1, 40) if i % 9 == 4 else None) for i in range(60)]
+    requests = wl.build_requests(specs)
+    for req in requests:  # ids that are not 0 .. n-1: the engine finds their rows by search
+        req.request_id = 1000 + 3 * req.request_id
+    clock, tracer = SimClock(), _Recorder()
+    sched = Scheduler(SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=64, preemption=PreemptKind.RECOMPUTE),
+                      BlockManager(24, 4))
+    got: list[set[int]] = []  # by iteration
+    engine = Engine(sched, SimulatedRunner(clock), clock, tracer=tracer,
+                    on_iteration=lambda d, start, end: got.extend(
+                        [set()] * (d.iteration - len(got)) + [set(d.batch.sampled_ids.tolist())]))
+    result = engine.run(requests)
+    got += [set()] * (result.iterations - len(got))  # iterations with no forward pass: nobody got one
+    expected, previous = {}, set()
+    for iteration, now in enumerate(got):
+        if now != previous:
+            expected[iteration] = tokens_text(sorted(now - previous), sorted(previous - now))
+        previous = now
+    assert tracer.marks == expected
+    assert any(" -" in text for text in expected.values()) and len(expected) > 10
