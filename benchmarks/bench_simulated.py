@@ -12,7 +12,10 @@ Usage: python benchmarks/bench_simulated.py [--requests N] [--capacity C]
 Measured (2-core machine, load average 0.7-0.9, 2026-11-29): 100,000 requests, 53,231 iterations,
 13,986,127 event rows, peak RSS 1,157 MiB: build 4.5 s, loop 46.7 s (877 us per iteration), close 2.6 s,
 53.8 s in all. Just before runs stopped making full garbage-collector passes the same run took 63.1 s
-here (build 4.6, loop 54.5, close 4.1). The issue-2 target ("100,000-request workloads in seconds") is not met: the loop is
+here (build 4.6, loop 54.5, close 4.1). After decode rows took their KV blocks in place (over
+10,000 requests `schedule` took 2.19 s against 2.50 s, medians of three alternating runs by helper-15), one run at load 0.9 gave
+54.5 s (build 5.3, loop 46.2 = 868 us per iteration, close 3.0): no change the machine's noise can
+resolve. The issue-2 target ("100,000-request workloads in seconds") is not met: the loop is
 Python work per iteration spread over the scheduler, the engine and the logs; in a py-spy profile no
 single function took more than about an eighth of the run (the decode rows' merge, the decision,
 committing tokens, flushing token events: 10-12% each).
