@@ -11,7 +11,7 @@ requests are few per iteration and go through `build_batch`, one row each.
 from __future__ import annotations
 
 import bisect
-from itertools import chain
+from itertools import chain, repeat
 
 import numpy as np
 
@@ -78,7 +78,6 @@ class DecodeRows:
         self._key = key
         self.reqs: list[Request] = []  # [D] in policy order
         self._sampling: list[SamplingParams] = []
-        self._row_work: list[tuple[Request, int]] = []  # (request, 1) per row
         none = np.empty(0, dtype=np.int64)
         self.request_ids = self.pos = self.tokens = self.num_generated = none  # [D] each, as in a Batch
         self.last_step = none  # [D] num_generated when a row samples its last token (max_tokens - 1)
@@ -109,7 +108,7 @@ class DecodeRows:
         n = len(self.reqs)
         order = list(range(n))  # merged row -> row of (current rows, then new rows)
         for i in sorted(set(self._leaving), reverse=True):
-            del self.reqs[i], self._sampling[i], self._row_work[i], order[i]
+            del self.reqs[i], self._sampling[i], order[i]
         self._leaving = []
         new = sorted(self._joining, key=self._key)
         self._joining = []
@@ -117,7 +116,6 @@ class DecodeRows:
         for j in reversed(range(len(new))):
             self.reqs.insert(at[j], new[j])
             self._sampling.insert(at[j], new[j].sampling)
-            self._row_work.insert(at[j], (new[j], 1))
             order.insert(at[j], n + j)
         order = np.fromiter(order, dtype=np.int64, count=len(order))
         # the per-row columns go through one [6, D] array: one concatenate and one gather for all of them
@@ -157,7 +155,7 @@ class DecodeRows:
     def work(self) -> list[tuple[Request, int]]:
         """[(request, 1)] per row (one list, shared until the rows change)."""
         if self._work is None:
-            self._work = self._row_work.copy()
+            self._work = list(zip(self.reqs, repeat(1)))
         return self._work
 
     def batch(self, iteration: int) -> Batch:

@@ -316,5 +316,6 @@ class Scheduler:
             decode_tokens=decode,
             **counts,
         )
-        self._admission.counts = dict.fromkeys(counts, 0)
+        for name in counts:
+            counts[name] = 0
         return decision
