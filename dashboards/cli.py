@@ -6,6 +6,8 @@ import sys
 import time
 from pathlib import Path
 
+from itertrace.errors import UserError
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `report` subcommand."""
@@ -39,6 +41,9 @@ def run(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     from itertrace.queries.cli import parse_params
+
+    if any(args.out.resolve() == db.resolve() for db in args.db):
+        raise UserError(f"-o {args.out}: is one of the --db databases; write the report to another file")
 
     report = build_report(args.db, args.label, title=args.title, params=parse_params(args.param))
     written = write_report(report, args.out, png_dir=args.png)

@@ -148,6 +148,17 @@ def _check_target(target: Path, sources: list[Path]) -> None:
         raise UserError(f"{target}: is a folder, not a database file")
     if any(target.resolve() == source.resolve() for source in sources):
         raise UserError(f"{target}: the database would overwrite one of the sources")
+    for source in sources:  # a file inside a source folder, e.g. a run's events.parquet, is a source too
+        if source.is_dir() and source.resolve() in target.resolve().parents and not _is_database(target):
+            raise UserError(f"{target}: the database would overwrite a file of the source {source}")
+
+
+def _is_database(path: Path) -> bool:
+    """Whether `path` is absent or a DuckDB file (which `--db` may replace): its header says DUCK at byte 8."""
+    if not path.exists():
+        return True
+    with path.open("rb") as f:
+        return f.read(12)[8:] == b"DUCK"
 
 
 def _connect(path: Path, options: IngestOptions) -> duckdb.DuckDBPyConnection:

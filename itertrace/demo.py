@@ -50,7 +50,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.requests < 16:
         raise UserError(f"--requests {args.requests}: the slot-time experiment needs at least 16 (the capacity)")
     if out.exists():
-        if not (out / "report.html").exists() and any(out.iterdir()):
+        if not out.is_dir() or not (out / "report.html").exists() and any(out.iterdir()):
             raise UserError(f"{out}: exists and is not an earlier demo's folder; give --out a new folder")
         shutil.rmtree(out)
     runs, dbs = out / "runs", out / "db"

@@ -169,5 +169,7 @@ def load(path: Path) -> CostModel:
         return CostModel(**data["cost_model"])
     except FileNotFoundError:
         raise UserError(f"{path}: no such cost-model file") from None
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read the cost-model file ({exc.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
         raise UserError(f"{path}: not a cost model written by `itertrace calibrate` ({type(exc).__name__}: {exc})") from None

@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-len", default="128", help="N, uniform:LO:HI or choice:A,B@PA,PB")
     p.add_argument("--output-len", default="128", help="N, uniform:LO:HI or choice:A,B@PA,PB")
     p.add_argument("--limit", type=_positive, help="trace files: read at most this many requests")
-    p.add_argument("--time-scale", type=float, default=1.0, help="trace files: divide arrival times by this")
+    p.add_argument("--time-scale", type=_scale, default=1.0, help="trace files: divide arrival times by this")
     p.add_argument("--out", type=Path, help="run directory to create (default: runs/<time>)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.set_defaults(func=cmd_run)
@@ -75,6 +75,16 @@ def _share(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
     if not 0 <= value < 1:
         raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return value
+
+
+def _scale(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not 0 < value < float("inf"):  # NaN too
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
 
 
@@ -165,8 +175,12 @@ def _fresh_dir(out: Path | None) -> tuple[Path, Path]:
     target = out or Path("runs") / time.strftime("run-%Y%m%d-%H%M%S")
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise UserError(f"--out {target}: already exists and is not empty; choose another directory")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return target, Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return target, Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    except OSError as exc:
+        why = f"{exc.filename} is a file" if isinstance(exc, FileExistsError) else exc.strerror
+        raise UserError(f"--out {target}: cannot create it ({why})") from None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -199,7 +213,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     from itertrace.profiler.summary_table import format_experiment
 
     spec = spec_from_args(args)
-    if args.out is not None and args.out.exists() and any(args.out.iterdir()):
+    if args.out is not None and args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
         raise UserError(f"--out {args.out}: already exists and is not empty; choose another directory")
     if args.name == "worked-example":
         result = experiments.worked_example(spec, args.out)
@@ -218,6 +232,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from itertrace.profiler.calibrate import calibrate, save
 
     spec = replace(spec_from_args(args), runner="torch")
+    if args.out.is_dir() or not args.out.parent.is_dir():  # before the minutes calibrating takes
+        raise UserError(f"--out {args.out}: " + ("is a folder; --out names the cost-model file" if args.out.is_dir()
+                                                 else f"folder {args.out.parent} does not exist"))
     cost, stats = calibrate(spec)
     save(cost, stats, spec, args.out)
     print(f"fixed {cost.fixed_ns / 1e6:.3f} ms + {cost.per_seq_ns / 1e3:.1f} us/sequence + "

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from itertrace.errors import UserError
 from itertrace.profiler.clock import SimClock, WallClock
 from itertrace.profiler.engine import Engine, RunResult
 from itertrace.profiler.gcquiet import no_full_collections
@@ -59,9 +60,22 @@ def make_runner(spec: RunSpec):
             import torch
 
             torch.set_num_threads(m.threads)  # on a shared machine, 1 thread degrades far more gracefully
-        config = None if m.checkpoint else ModelConfig(
-            hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
-            num_kv_heads=m.num_kv_heads, intermediate_size=m.intermediate_size)
+        try:
+            config = None if m.checkpoint else ModelConfig(
+                hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
+                num_kv_heads=m.num_kv_heads, intermediate_size=m.intermediate_size)
+        except ValueError as exc:
+            raise UserError(f"--hidden {m.hidden_size}, --heads {m.num_heads}, --kv-heads {m.num_kv_heads}: "
+                            f"{exc}") from None
+        if m.device is not None:
+            import torch
+
+            try:
+                kind = torch.device(m.device).type
+            except RuntimeError:
+                raise UserError(f"--device {m.device!r}: expected cpu or cuda") from None
+            if kind == "cuda" and not torch.cuda.is_available():
+                raise UserError(f"--device {m.device}: torch finds no CUDA device here")
         runner = TorchRunner(config, checkpoint=m.checkpoint, num_blocks=spec.num_blocks,
                              block_size=spec.block_size, swap_blocks=spec.swap_blocks,
                              device=m.device, seed=spec.seed)

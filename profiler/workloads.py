@@ -4,6 +4,7 @@ from __future__ import annotations
 import calendar
 import csv
 import json
+import math
 import random
 import time
 from dataclasses import dataclass, replace
@@ -85,7 +86,7 @@ def slot_time(kind: str, n: int, prompt_tokens: int = 32, seed: int = 0) -> list
 def parse_lengths(text: str) -> tuple[str, tuple]:
     """A length distribution: `128`, `uniform:16:256`, or `choice:8,16,32@0.5,0.3,0.2`."""
     try:
-        if text.isdigit():
+        if text.isdigit() and int(text) >= 1:
             return "fixed", (int(text),)
         kind, _, rest = text.partition(":")
         if kind == "uniform":
@@ -96,11 +97,12 @@ def parse_lengths(text: str) -> tuple[str, tuple]:
             values, _, probs = rest.partition("@")
             vals = tuple(int(v) for v in values.split(","))
             ps = tuple(float(p) for p in probs.split(",")) if probs else tuple(1 / len(vals) for _ in vals)
-            if len(vals) == len(ps) and abs(sum(ps) - 1) < 1e-9 and min(vals) >= 1:
+            if len(vals) == len(ps) and abs(sum(ps) - 1) < 1e-9 and min(vals) >= 1 and min(ps) >= 0:
                 return "choice", (vals, ps)
     except ValueError:
         pass
-    raise UserError(f"length distribution {text!r}: expected N, uniform:LO:HI or choice:A,B,..@PA,PB,.. (probabilities sum to 1)")
+    raise UserError(f"length distribution {text!r}: expected N, uniform:LO:HI or choice:A,B,..@PA,PB,.. "
+                    "(lengths at least 1, probabilities not negative and summing to 1)")
 
 
 def _draw(dist: tuple[str, tuple], rng: random.Random) -> int:
@@ -115,8 +117,9 @@ def _draw(dist: tuple[str, tuple], rng: random.Random) -> int:
 def synthetic(n: int, *, rate: float, cv: float = 1.0, prompt: str = "128", output: str = "128",
               seed: int = 0) -> list[RequestSpec]:
     """`n` requests with gamma inter-arrival times (cv=1 is Poisson) at `rate` per second; rate 0 = all at once."""
-    if n < 1 or rate < 0 or cv <= 0:
-        raise UserError(f"synthetic workload: need n >= 1, rate >= 0, cv > 0 (got n={n}, rate={rate}, cv={cv})")
+    if n < 1 or not 0 <= rate < math.inf or not 0 < cv < math.inf:  # NaN fails both
+        raise UserError(f"synthetic workload: need n >= 1, rate >= 0, cv > 0, rate and cv finite "
+                        f"(got n={n}, rate={rate}, cv={cv})")
     rng = random.Random(seed)
     p_dist, o_dist = parse_lengths(prompt), parse_lengths(output)
     shape = 1.0 / (cv * cv)
@@ -134,7 +137,10 @@ def load_trace(path: Path, *, limit: int | None = None, time_scale: float = 1.0)
     if not path.is_file():
         raise UserError(f"{path}: no such workload file")
     reader = _read_azure_csv if path.suffix.lower() == ".csv" else _read_jsonl
-    rows = reader(path, limit)
+    try:
+        rows = reader(path, limit)
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not a text file ({exc.reason} at byte {exc.start})") from None
     if not rows:
         raise UserError(f"{path}: no requests in the file")
     t0 = min(t for t, _, _ in rows)
@@ -152,11 +158,19 @@ def _read_azure_csv(path: Path, limit: int | None) -> list[tuple[int, int, int]]
             if limit is not None and len(rows) >= limit:
                 break
             try:
-                ts = _azure_timestamp_ns(rec["TIMESTAMP"])
-                rows.append((ts, int(rec["ContextTokens"]), int(rec["GeneratedTokens"])))
+                ts = _azure_timestamp_ns(rec["TIMESTAMP"] or "")
+                rows.append((ts, _length(rec["ContextTokens"]), _length(rec["GeneratedTokens"])))
             except (TypeError, ValueError):
                 raise UserError(f"{path}:{line}: bad row {rec!r}") from None
     return rows
+
+
+def _length(value) -> int:
+    """A token count from a trace: an integer, not negative (load_trace reads 0 as 1)."""
+    length = int(value)
+    if length < 0:
+        raise ValueError(f"negative length {length}")
+    return length
 
 
 def _azure_timestamp_ns(text: str) -> int:
@@ -178,7 +192,8 @@ def _read_jsonl(path: Path, limit: int | None) -> list[tuple[int, int, int]]:
                 continue
             try:
                 rec = json.loads(line)
-                rows.append((int(float(rec["timestamp"]) * 1_000_000), int(rec["input_length"]), int(rec["output_length"])))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                rows.append((int(float(rec["timestamp"]) * 1_000_000), _length(rec["input_length"]),
+                             _length(rec["output_length"])))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError) as exc:
                 raise UserError(f"{path}:{line_no}: expected JSON with timestamp (ms), input_length, output_length ({type(exc).__name__}: {exc})") from None
     return rows

@@ -117,6 +117,8 @@ def set_params(con: duckdb.DuckDBPyConnection, params: dict[str, str]) -> None:
                 typed: object = int(value)
             except ValueError:
                 raise UserError(f"parameter {name} must be an integer, not {value!r}") from None
+            if not -2**63 <= typed < 2**63:
+                raise UserError(f"parameter {name} is out of range (a 64-bit integer), not {value!r}")
         elif param.type == "DOUBLE":
             try:
                 typed = float(value)
@@ -124,6 +126,12 @@ def set_params(con: duckdb.DuckDBPyConnection, params: dict[str, str]) -> None:
                 raise UserError(f"parameter {name} must be a number, not {value!r}") from None
         else:
             typed = value
+            if name.endswith("_pattern"):  # a bad pattern would fail later, in a view, without its name
+                try:
+                    con.execute("SELECT regexp_matches('', ?)", [value])
+                except duckdb.Error as exc:
+                    why = re.sub(r"^[\w ]+ Error: ", "", _first_line(exc))
+                    raise UserError(f"parameter {name}: {value!r} is not a regular expression ({why})") from None
         con.execute(f'SET VARIABLE "{name}" = ?', [typed])
 
 

@@ -88,8 +88,11 @@ def run_query(args: argparse.Namespace) -> int:
 def run_sql(args: argparse.Namespace) -> int:
     from itertrace.queries.api import QueryDB
 
+    statement = args.statement.strip().rstrip(";")
+    if not statement:
+        raise UserError("sql: the statement is empty; give one, e.g. \"SELECT * FROM host_gaps_summary\"")
     with QueryDB(_db(args), parse_params(args.param)) as db:
-        rows = _write(db, args.statement.strip().rstrip(";"), args)
+        rows = _write(db, statement, args)
     _done(rows, args.out)
     return 0
 
@@ -126,10 +129,11 @@ def _first_sentence(text: str) -> str:
 def _install(args: argparse.Namespace) -> int:
     from itertrace.queries.api import connect, install, set_params
 
+    params = parse_params(args.param)
     con = connect(_db(args), read_only=False)
     try:
+        set_params(con, params)  # checked before anything is written
         missing = install(con, persist=True)
-        set_params(con, parse_params(args.param))
     finally:
         con.close()
     installed = [q for q in queries().values() if not any(t in missing for t in q.tables)]
@@ -141,6 +145,8 @@ def _install(args: argparse.Namespace) -> int:
 def _write(db: QueryDB, sql: str, args: argparse.Namespace) -> int:
     from itertrace.queries.output import write
 
+    if args.out is not None and args.out.resolve() == db.path.resolve():
+        raise UserError(f"--out {args.out}: is the database itself; write the rows to another file")
     try:
         return write(db.con, sql, args.format, args.out, max_rows=args.max_rows)
     except UserError:

@@ -35,6 +35,8 @@ def write(con: duckdb.DuckDBPyConnection, sql: str, fmt: str, out: Path | None, 
         raise UserError(f"{out.parent}: no such folder for --out")
     if fmt == "table":
         rel = con.sql(sql)
+        if rel is None:  # an empty statement, a comment, or one that returns no result
+            raise UserError(f"SQL {sql!r}: no rows to show (give a statement that returns rows, e.g. a SELECT)")
         rows = rel.fetchall()
         text = format_table(rel.columns, rows, None if out is not None else max_rows)
         if out is None:

@@ -37,3 +37,6 @@ def test_demo_refuses_a_folder_it_did_not_make(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path)]) == 2
     assert "is not an earlier demo's folder" in capsys.readouterr().err
     assert (tmp_path / "mine.txt").read_text() == "keep me"
+    assert main(["demo", "--out", str(tmp_path / "mine.txt")]) == 2  # a file, not a folder
+    assert "is not an earlier demo's folder" in capsys.readouterr().err
+    assert (tmp_path / "mine.txt").read_text() == "keep me"

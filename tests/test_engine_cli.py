@@ -63,6 +63,14 @@ def test_run_refuses_a_non_empty_out_dir_and_leaves_it_alone(tmp_path, capsys):
     (["run", "--preemption", "swap"], "--swap-blocks"),
     (["experiment", "nope"], "invalid choice"),
     (["run", "--cost", "/nonexistent/cost.json"], "no such cost-model file"),
+    (["run", "--cost", "/"], "/: cannot read the cost-model file"),
+    (["run", "--rate", "inf"], "rate and cv finite"),
+    (["run", "--rate", "5", "--cv", "nan"], "rate and cv finite"),
+    (["run", "--prompt-len", "0"], "length distribution '0'"),
+    (["run", "--output-len", "choice:8,16@-1,2"], "length distribution"),
+    (["run", "--time-scale", "0"], "--time-scale"),
+    (["experiment", "worked-example", "--out", "/dev/null"], "--out /dev/null"),
+    (["calibrate", "--out", "/nonexistent/cost.json"], "folder /nonexistent does not exist"),
 ])
 def test_bad_flags_get_one_line_and_status_2(argv, needle, capsys):
     rc, out, err = _run(capsys, *argv)
@@ -70,15 +78,30 @@ def test_bad_flags_get_one_line_and_status_2(argv, needle, capsys):
     assert err.startswith("itertrace: error:") and err.count("\n") == 1 and needle in err
 
 
+def test_torch_runner_flags_it_cannot_use_get_one_line_and_leave_no_run_dir(tmp_path, capsys):
+    for argv, needle in [(["--hidden", "100", "--heads", "3"], "--heads 3, --kv-heads 4: hidden_size 100 is not a multiple"),
+                         (["--heads", "4", "--kv-heads", "3"], "--kv-heads 3: num_heads 4 is not a multiple"),
+                         (["--device", "bogus"], "--device 'bogus': expected cpu or cuda")]:
+        rc, out, err = _run(capsys, "run", "--runner", "torch", *argv, "--num-requests", "2",
+                            "--out", str(tmp_path / "r"))
+        assert rc == 2 and out == "" and err.count("\n") == 1 and needle in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("name, body, needle", [
     ("bad.csv", "TIMESTAMP,ContextTokens\n2023-11-16 18:17:03.9799600,10\n", "missing column(s) GeneratedTokens"),
     ("bad2.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,ten,3\n", "bad2.csv:2: bad row"),
     ("bad.jsonl", '{"timestamp": 1, "input_length": 3, "output_length": 4}\n{"timestamp": 2}\n', "bad.jsonl:2:"),
     ("empty.jsonl", "", "no requests"),
+    ("neg.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,-4,3\n", "neg.csv:2: bad row"),
+    ("short.csv", "ContextTokens,GeneratedTokens,TIMESTAMP\n4,3\n", "short.csv:2: bad row"),
+    ("neg.jsonl", '{"timestamp": 1, "input_length": 3, "output_length": -4}\n', "neg.jsonl:1:"),
+    ("inf.jsonl", '{"timestamp": Infinity, "input_length": 3, "output_length": 4}\n', "inf.jsonl:1:"),
+    ("binary.jsonl", "\udcff\udcfe garbage\n", "binary.jsonl: not a text file"),
 ])
 def test_malformed_workload_files_get_one_line(tmp_path, capsys, name, body, needle):
     path = tmp_path / name
-    path.write_text(body)
+    path.write_bytes(body.encode("utf-8", "surrogateescape"))
     rc, _, err = _run(capsys, "run", "--workload", str(path), "--out", str(tmp_path / "r"))
     assert rc == 2 and needle in err and err.count("\n") == 1
     assert not (tmp_path / "r").exists()

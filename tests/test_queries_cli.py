@@ -123,6 +123,13 @@ def test_install_writes_documented_views_any_duckdb_client_can_read(capsys, run_
     (["sql", "--db", "{db}", "SELECT * FROM host_gaps"], "view host_gaps is not available"),
     (["sql", "--db", "{db}", "SELEC 1"], "syntax error"),
     (["query", "iterations", "--db", "{db}", "--param", "preset=other"], "preset must be one of itertrace, generic"),
+    (["sql", "--db", "{db}", "--param", "step_pattern=((", "SELECT 1"],
+     "parameter step_pattern: '((' is not a regular expression (missing ): (()"),
+    (["query", "fairness", "--db", "{db}", "--param", "repeat_threshold=99999999999999999999"],
+     "parameter repeat_threshold is out of range"),
+    (["sql", "--db", "{db}", " ; "], "sql: the statement is empty"),
+    (["sql", "--db", "{db}", "-- a comment"], "no rows to show"),
+    (["query", "membership", "--db", "{db}", "--format", "csv", "--out", "{db}"], "is the database itself"),
 ])
 def test_bad_input_gets_one_line_and_status_2(capsys, run_only_db, tmp_path, argv, message):
     notdb = tmp_path / "notes.txt"
@@ -138,6 +145,16 @@ def test_generic_mapping_without_a_step_pattern_says_which_parameter_is_missing(
     rc, _, err = _run(capsys, "query", "host_gaps", "--db", str(sample_dbs["static"]), "--param", "preset=generic")
     assert rc == 2 and len(err.strip().splitlines()) == 1
     assert "parameter step_pattern is missing" in err
+
+
+def test_a_failed_install_writes_nothing(capsys, run_only_db, tmp_path):
+    db = tmp_path / "copy.duckdb"
+    shutil.copy(run_only_db, db)
+    before = db.read_bytes()
+    for param in ("repeat_threshold=x", "step_pattern=(("):
+        rc, _, err = _run(capsys, "query", "--install", "--db", str(db), "--param", param)
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and "parameter" in err
+        assert db.read_bytes() == before
 
 
 def test_a_failed_write_leaves_no_file(capsys, run_only_db, tmp_path):

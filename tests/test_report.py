@@ -8,6 +8,7 @@ import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from itertrace.cli import main
@@ -115,8 +116,15 @@ def test_bad_input_is_one_line_and_leaves_the_earlier_page(simulated_db, tmp_pat
     not_db = tmp_path / "text.duckdb"
     not_db.write_text("not a database")
     assert str(not_db) in fails(capsys, "report", "--db", str(not_db), "-o", str(out))
+    empty = tmp_path / "empty.duckdb"
+    duckdb.connect(str(empty)).close()
+    assert f"{empty}: no table of `itertrace ingest`" in fails(capsys, "report", "--db", str(empty), "-o", str(out))
+    kept = tmp_path / "kept.duckdb"
+    shutil.copy(simulated_db, kept)
+    assert "is one of the --db databases" in fails(capsys, "report", "--db", str(kept), "-o", str(kept))
+    assert kept.read_bytes() == simulated_db.read_bytes()
     assert out.read_text() == "an earlier report"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html", "text.duckdb"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.duckdb", "kept.duckdb", "report.html", "text.duckdb"]
 
 
 class _Charts(HTMLParser):

@@ -295,3 +295,12 @@ def test_run_json_value_of_the_wrong_type(copy, target, capsys):
 def test_two_runs_in_one_database(run_dir, copy, target, capsys):
     line = fails(capsys, "ingest", str(run_dir), str(copy), "--db", str(target))
     assert f"{copy}: a database holds one run directory" in line
+
+
+@pytest.mark.parametrize("name", ["events.parquet", "run.json"])
+def test_db_that_would_overwrite_a_file_of_the_run(copy, capsys, name):
+    kept = (copy / name).read_bytes()
+    line = fails(capsys, "ingest", str(copy), "--db", str(copy / name))
+    assert f"{copy / name}: the database would overwrite a file of the source {copy}" in line
+    assert (copy / name).read_bytes() == kept
+    assert main(["ingest", str(copy), "--db", str(copy / "trace.duckdb"), "--quiet"]) == 0  # a new file there is fine
