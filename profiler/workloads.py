@@ -166,7 +166,9 @@ def _read_azure_csv(path: Path, limit: int | None) -> list[tuple[int, int, int]]
 
 
 def _length(value) -> int:
-    """A token count from a trace: an integer, not negative (load_trace reads 0 as 1)."""
+    """A token count from a trace: a whole number, not negative (load_trace reads 0 as 1)."""
+    if isinstance(value, float) and not value.is_integer():  # JSON 3.7: int() would cut it to 3
+        raise ValueError(f"length {value} is not a whole number")
     length = int(value)
     if length < 0:
         raise ValueError(f"negative length {length}")

@@ -88,6 +88,9 @@ def install(con: duckdb.DuckDBPyConnection, *, persist: bool = False) -> dict[st
     """
     present = _tables(con)
     missing = {t: SOURCE_TABLES[t] for t in SOURCE_TABLES if t not in present}
+    if persist and len(missing) == len(SOURCE_TABLES):  # not an itertrace database: write nothing into it
+        raise UserError("no table of `itertrace ingest` in this database (a capture gives nvtx_ranges, "
+                        "a run directory run_iterations); nothing to install")
     replace = "CREATE OR REPLACE " if persist else "CREATE OR REPLACE TEMP "
     installed: set[str] = set()
     for mod in modules():

@@ -133,7 +133,10 @@ def _install(args: argparse.Namespace) -> int:
     con = connect(_db(args), read_only=False)
     try:
         set_params(con, params)  # checked before anything is written
-        missing = install(con, persist=True)
+        try:
+            missing = install(con, persist=True)
+        except UserError as exc:
+            raise UserError(f"{args.db}: {exc}") from None
     finally:
         con.close()
     installed = [q for q in queries().values() if not any(t in missing for t in q.tables)]

@@ -96,6 +96,7 @@ def test_torch_runner_flags_it_cannot_use_get_one_line_and_leave_no_run_dir(tmp_
     ("neg.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,-4,3\n", "neg.csv:2: bad row"),
     ("short.csv", "ContextTokens,GeneratedTokens,TIMESTAMP\n4,3\n", "short.csv:2: bad row"),
     ("neg.jsonl", '{"timestamp": 1, "input_length": 3, "output_length": -4}\n', "neg.jsonl:1:"),
+    ("frac.jsonl", '{"timestamp": 1, "input_length": 3.7, "output_length": 4}\n', "not a whole number"),
     ("inf.jsonl", '{"timestamp": Infinity, "input_length": 3, "output_length": 4}\n', "inf.jsonl:1:"),
     ("binary.jsonl", "\udcff\udcfe garbage\n", "binary.jsonl: not a text file"),
 ])

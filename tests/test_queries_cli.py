@@ -155,6 +155,13 @@ def test_a_failed_install_writes_nothing(capsys, run_only_db, tmp_path):
         rc, _, err = _run(capsys, "query", "--install", "--db", str(db), "--param", param)
         assert rc == 2 and len(err.strip().splitlines()) == 1 and "parameter" in err
         assert db.read_bytes() == before
+    other = tmp_path / "other.duckdb"  # a DuckDB file that itertrace did not make
+    with duckdb.connect(str(other)) as con:
+        con.execute("CREATE TABLE t AS SELECT 1 AS x")
+    rc, _, err = _run(capsys, "query", "--install", "--db", str(other))
+    assert rc == 2 and err.count("\n") == 1 and f"{other}: no table of `itertrace ingest`" in err
+    with duckdb.connect(str(other), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM duckdb_views() WHERE NOT internal").fetchone() == (0,)
 
 
 def test_a_failed_write_leaves_no_file(capsys, run_only_db, tmp_path):
