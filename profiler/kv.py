@@ -42,10 +42,15 @@ class BlockPool:
         return blocks
 
     def give_back(self, owner: int, blocks: list[int]) -> None:
-        """Return the owner's blocks to the back of the free list; a block it does not hold is an error."""
+        """Return the owner's blocks to the back of the free list; a block it does not hold is an error,
+        and then the pool is left as it was."""
         owners = self._owner
-        for b in blocks:
-            if owners.pop(b, None) != owner:
+        for i, b in enumerate(blocks):
+            held_by = owners.pop(b, None)
+            if held_by != owner:
+                if held_by is not None:
+                    owners[b] = held_by
+                owners.update(dict.fromkeys(blocks[:i], owner))
                 raise RuntimeError(f"block {b} is not held by request {owner}")
         self._free.extend(blocks)
 

@@ -62,6 +62,15 @@ def test_stalls_preemptions_and_resumptions(trace):
     ]
 
 
+def test_only_preempt_and_resume_events_count_as_moves(trace):
+    # A real log also has each request's arrive, admit and finish events: none is a preemption or a resumption.
+    trace.load({**RUN, "run_events": RUN["run_events"] + moves(1, "arrive", 0) + moves(1, "admit", 0)
+                + moves(2, "arrive", 0) + moves(2, "admit", 0) + moves(3, "arrive", 2) + moves(3, "admit", 2)
+                + moves(1, "finish", 7) + moves(2, "finish", 7) + moves(4, "arrive", 7)})
+    assert trace.sql("SELECT request_id, preemptions, resumptions FROM fairness") == [
+        (1, 0, 0), (2, 2, 2), (3, 1, 0), (4, 0, 0)]
+
+
 def test_repeat_threshold_sets_what_counts_as_repeatedly_preempted(trace):
     trace.load(RUN)
     repeated = "SELECT request_id, repeatedly_preempted FROM fairness"

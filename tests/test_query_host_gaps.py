@@ -278,6 +278,62 @@ def test_generic_mapping_names_phases_by_text_with_digits_as_hash(trace):
     ]
 
 
+@pytest.mark.parametrize("forward_end", [190, None], ids=["ends_after_the_gap", "unterminated"])
+def test_gap_inside_one_phase_is_all_that_phase(trace, forward_end):
+    # Step 0's kernel runs on to 120, inside step 1's forward; step 1's kernel starts at 160, still
+    # inside it: the whole gap [120, 160) lies in one leaf, which takes the gap's length, not its own.
+    trace.load(merge(
+        {"nvtx_ranges": [
+            step(1, 0, 0, 100),
+            phase(2, "forward", 10, 90, 1),
+            step(3, 1, 100, None if forward_end is None else 200),
+            phase(4, "schedule", 100, 110, 3),
+            phase(5, "forward", 110, forward_end, 3),
+        ],
+         "nvtx_gpu_projection": [projection(1, 30, 120, 1), projection(2, 30, 120, 1),
+                                 projection(3, 160, 170, 1), projection(5, 160, 170, 1)]},
+        gpu_launch(1, 20, 30, 120),
+        gpu_launch(2, 150, 160, 170),
+    ))
+    assert trace.query("host_gaps") == [(TID_A, 0, 1, 120, 160, 40)]
+    assert trace.query("host_gaps_parts") == [
+        (TID_A, 1, "forward", 40),
+        (TID_A, 1, "unattributed", 0),
+    ]
+
+
+def test_phase_whose_inner_phase_starts_after_the_gap_is_no_leaf(trace):
+    # Step 2's forward holds a sample that starts after the gap [120, 250) ended: forward is still no
+    # leaf, so its part of the gap, 220..250, is unattributed.
+    tables = {**GPU_THREE_STEPS, "nvtx_ranges": GPU_THREE_STEPS["nvtx_ranges"] + [
+        phase(12, "sample", 260, 270, 11, depth=2)]}
+    trace.load(tables)
+    assert trace.query("host_gaps_parts") == [
+        (TID_A, 1, "unattributed", 0),
+        (TID_A, 2, "forward", 30),  # 120..150 of step 1's forward only
+        (TID_A, 2, "sample", 40),
+        (TID_A, 2, "schedule", 20),
+        (TID_A, 2, "unattributed", 40),
+    ]
+
+
+def test_phase_names_in_other_domains_take_no_part(trace):
+    # A library's range named like a phase: inside step 1's schedule it leaves schedule a leaf, and
+    # between the steps it covers nothing.
+    trace.load({"nvtx_ranges": CPU_TWO_STEPS["nvtx_ranges"] + [
+        push_pop(12, "sample", 98, 100, domain="torch"),
+        push_pop(13, "schedule", 102, 105, parent=9, depth=2, domain="torch"),
+    ]})
+    assert trace.query("host_gaps_parts") == [
+        (TID_A, 1, "detokenize", 10),
+        (TID_A, 1, "postprocess", 8),
+        (TID_A, 1, "prepare", 5),
+        (TID_A, 1, "sample", 10),
+        (TID_A, 1, "schedule", 15),
+        (TID_A, 1, "unattributed", 2),
+    ]
+
+
 @pytest.mark.parametrize("tables", [CPU_TWO_STEPS, GPU_THREE_STEPS], ids=["cpu", "gpu"])
 def test_parts_add_up_to_each_gap(trace, tables):
     trace.load(tables)
@@ -336,6 +392,22 @@ def test_worst_gaps_with_their_top_phase(trace):
         (2, TID_A, 0, 1, 0, "unattributed", 0),
     ]
     assert trace.query("host_gaps_worst", {"limit": "1"}) == [(1, TID_A, 0, 2, 130, "forward", 60)]
+
+
+def test_worst_gaps_of_equal_length_rank_by_track_then_iteration(trace):
+    # Gaps of 80 on both tracks: track A's two (iterations 1 and 2) first, then track C's.
+    ranges = []
+    for tid, steps in ((TID_C, 2), (TID_A, 3)):
+        for iteration in range(steps):
+            base = len(ranges) + 1
+            ranges.append(step(base, iteration, 100 * iteration, 100 * iteration + 100, tid=tid))
+            ranges.append(phase(base + 1, "forward", 100 * iteration + 10, 100 * iteration + 30, base, tid=tid))
+    trace.load({"nvtx_ranges": ranges})
+    assert trace.query("host_gaps_worst") == [
+        (1, TID_A, 0, 1, 80, "unattributed", 80),
+        (2, TID_A, 1, 2, 80, "unattributed", 80),
+        (3, TID_C, 0, 1, 80, "unattributed", 80),
+    ]
 
 
 # Random steps of 100 ns, each holding phase ranges at random places, some with a phase range

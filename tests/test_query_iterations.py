@@ -91,6 +91,19 @@ def test_forward_ranges_outside_the_step_or_on_another_thread_or_domain_do_not_c
     assert trace.query("iterations") == [(0, TID_A, PID_100, 2, 10, 100, 90, None, None, None, None, 0, None, None)]
 
 
+def test_forward_range_sharing_its_steps_start_and_end_is_inside_it(trace):
+    trace.load({"nvtx_ranges": [
+        step(1, 0, 0, 100),
+        phase(2, "forward", 10, 100, 1),  # ends as the step ends
+        step(3, 1, 100, 200),
+        phase(4, "forward", 100, 150, 3),  # starts as the step starts (and as the step before ends)
+    ]})
+    assert trace.query("iterations") == [
+        (0, TID_A, PID_100, 1, 0, 100, 100, 10, 100, 90, "range", 0, None, None),
+        (1, TID_A, PID_100, 3, 100, 200, 100, 100, 150, 50, "range", 0, None, None),
+    ]
+
+
 def test_unterminated_step_keeps_its_closed_forward_range(trace):
     trace.load({"nvtx_ranges": [
         step(1, 0, 0, 100),
@@ -123,6 +136,7 @@ def test_threads_and_processes_each_have_their_own_steps_and_launches(trace):
             api_call(2, 15, 17, correlation_id=1, tid=TID_C),  # same id, other process: its own work
             api_call(3, 20, 22, correlation_id=2, tid=TID_C),
             api_call(4, 30, 32, correlation_id=1, tid=TID_B),  # thread B has no step
+            api_call(5, 8, 9, correlation_id=2, tid=TID_A),  # id 2 is process 200's kernel: launched nothing here
         ],
         "gpu_ops": [
             gpu_op(1, 40, 60, correlation_id=1, pid=PID_100),
@@ -151,6 +165,19 @@ def test_first_launch_is_the_first_call_inside_the_step_that_launched_gpu_work(t
         "nvtx_gpu_projection": [projection(1, 170, 180, 1)],
     })
     assert trace.query("iterations") == [(0, TID_A, PID_100, 1, 100, 200, 100, 170, 180, 10, "gpu", 1, 130, 40)]
+
+
+def test_a_launch_at_the_steps_very_start_is_its_first_launch(trace):
+    trace.load({
+        "nvtx_ranges": [step(1, 0, 0, 100), step(2, 1, 100, 200)],
+        "cuda_api": [api_call(1, 10, 12, correlation_id=1), api_call(2, 100, 102, correlation_id=2)],
+        "gpu_ops": [gpu_op(1, 20, 30, 1), gpu_op(2, 120, 130, 2)],
+        "nvtx_gpu_projection": [projection(1, 20, 30, 1), projection(2, 120, 130, 1)],
+    })
+    assert trace.query("iterations") == [
+        (0, TID_A, PID_100, 1, 0, 100, 100, 20, 30, 10, "gpu", 1, 10, 10),
+        (1, TID_A, PID_100, 2, 100, 200, 100, 120, 130, 10, "gpu", 1, 100, 20),
+    ]
 
 
 def test_generic_mapping_with_its_own_device_range(trace):

@@ -58,8 +58,9 @@ def test_iteration_from_must_be_payload_text_or_order(trace):
 
 
 def test_phase_name_is_the_text_with_digits_as_hash_where_the_pattern_captures_nothing(trace):
-    names = "SELECT mapping_phase_name('forward'), mapping_phase_name('aten::mul, op_id = 12')"
-    assert trace.load().sql(names) == [("forward", "aten::mul, op_id = #")]
+    names = ("SELECT mapping_phase_name('forward'), mapping_phase_name('aten::mul, op_id = 12'),"
+             " mapping_phase_name('layers.3.mlp_12')")
+    assert trace.load().sql(names) == [("forward", "aten::mul, op_id = #", "layers.#.mlp_#")]  # every run of digits
 
 
 def test_phase_name_is_the_patterns_first_capture_group(trace):

@@ -82,6 +82,18 @@ def test_slot_time_totals_leave_out_iterations_that_ran_nothing(trace):
         ("static", "fcfs", False, 5, 20, 9, 3, 1, 7, 11, 11 / 20, 8, 45, 280)]
 
 
+def test_waiting_counts_preempted_requests_too(trace):
+    # Continuous batching: iteration 0 has 1 waiting and 2 preempted, iteration 1 only 1 preempted.
+    rows = [iteration(0, 10, [1], [1], [], waiting=1, limit="kv_blocks"),
+            iteration(1, 10, [1, 2], [1, 2], [], limit="kv_blocks")]
+    rows[0]["num_preempted"], rows[1]["num_preempted"] = 2, 1
+    trace.load({"run_meta": [{"mode": "continuous", "policy": "fcfs", "simulated": True}], "run_iterations": rows})
+    assert [(row[0], row[10]) for row in trace.query("membership_iterations")] == [(0, 3), (1, 1)]
+    # idle_while_waiting: 3 idle slots in iteration 0 and 2 in iteration 1, both with someone waiting.
+    assert trace.query("membership_slot_time") == [
+        ("continuous", "fcfs", True, 2, 8, 3, 0, 0, 5, 5, 5 / 8, 5, 0, 20)]
+
+
 def test_stranded_finished_members(trace):
     trace.load(STATIC)
     # (request_id, first_iteration, iterations, stranded_ns)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from query_fixtures import TraceDB, mark, push_pop
+from query_fixtures import TID_A, TID_C, TraceDB, mark, push_pop
 
 # Six iterations. On the run's clock iteration k runs [1000 + 100k, 1100 + 100k); on the capture's
 # clock its step range runs 9000 ns later, except that step 4 ends (and step 5 starts) 3 ns late.
@@ -102,6 +102,37 @@ def test_latency_from_the_trace(trace):
         (1, 9990, 10000, 10100, 10300, 3, 10, 110, 100.0, [100, 100], 100, 310),
         (2, 9995, 10000, 10100, 10600, 5, 5, 105, 125.0, [100, 200, 103, 97], 200, 605),
         (3, 10100, None, None, None, 0, None, None, None, [], None, None),
+    ]
+
+
+def test_arrive_and_admit_marks_of_other_domains_are_not_this_engines(trace):
+    # Marks another library left, with this engine's names: an earlier arrive of request 1, the
+    # arrive of a request 9 the engine never saw, and an admit of request 3, which was never scheduled.
+    trace.load({**TRACE, "nvtx_marks": TRACE["nvtx_marks"] + [
+        mark(10, "arrive", 9980, 1, domain=None),
+        mark(11, "arrive", 9000, 9, domain=None),
+        mark(12, "admit", 10105, 3, domain="torch"),
+    ]})
+    assert trace.query("request_latency_trace") == [
+        (1, 9990, 10000, 10100, 10300, 3, 10, 110, 100.0, [100, 100], 100, 310),
+        (2, 9995, 10000, 10100, 10600, 5, 5, 105, 125.0, [100, 200, 103, 97], 200, 605),
+        (3, 10100, None, None, None, 0, None, None, None, [], None, None),
+    ]
+
+
+def test_admit_mark_belongs_to_the_step_on_its_thread_that_holds_it(trace):
+    # Request 7's admit mark is at the very start of step 1: that step holds it. Request 8's is in
+    # step 1 too, after a step range of another thread started: that one is not its step.
+    trace.load({
+        "nvtx_ranges": [push_pop(1, "step", 0, 100, payload=0), push_pop(2, "step", 100, 200, payload=1),
+                        push_pop(3, "step", 150, 250, payload=0, tid=TID_C)],
+        "nvtx_marks": [mark(1, "arrive", 50, 7), mark(2, "arrive", 60, 8),
+                       mark(3, "admit", 100, 7, tid=TID_A), mark(4, "admit", 160, 8, tid=TID_A)],
+    })
+    # (request_id, arrival_ns, first_scheduled_ns, ..., queue_ns, ...)
+    assert trace.query("request_latency_trace") == [
+        (7, 50, 100, None, None, 0, 50, None, None, [], None, None),
+        (8, 60, 100, None, None, 0, 40, None, None, [], None, None),
     ]
 
 

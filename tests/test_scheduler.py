@@ -8,10 +8,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from itertrace.profiler import experiments
-from itertrace.profiler.kv import BlockManager
-from itertrace.profiler.request import Phase, Reason
-from itertrace.profiler.scheduler import Mode, Scheduler, SchedulerConfig
+from itertrace.profiler.clock import SimClock
+from itertrace.profiler.engine import Engine
+from itertrace.profiler.kv import BlockManager, BlockPool
+from itertrace.profiler.policies import Policy, sort_key
+from itertrace.profiler.preemption import victim
+from itertrace.profiler.request import Phase, PreemptKind, Reason
+from itertrace.profiler.scheduler import Limit, Mode, Scheduler, SchedulerConfig
 from itertrace.profiler.session import RunSpec, run
+from itertrace.profiler.sim_runner import SimulatedRunner
 from itertrace.profiler.workloads import RequestSpec, build_requests, slot_time, worked_example
 
 
@@ -137,6 +142,132 @@ def test_recompute_preemption_frees_blocks_and_reruns_the_prefix():
     assert [t.reason for t in victim.transitions if t.dst is Phase.PREEMPTED][0] is Reason.KV_EXHAUSTED
     assert all(r.phase is Phase.FINISHED_LENGTH and len(r.output_ids) == 10 for r in reqs)
     assert blocks.device.num_free == 4
+
+
+def _drive(sched, reqs, arrivals=None, max_iterations=200):
+    """Schedule and postprocess until no work is left (at most `max_iterations`); `arrivals`: {iteration: requests}."""
+    arrivals = arrivals if arrivals is not None else {0: reqs}
+    decisions = []
+    for it in range(max_iterations):
+        for r in arrivals.get(it, []):
+            sched.add(r, it)
+        if not sched.has_work() and it >= max(arrivals):
+            break
+        d = sched.schedule(it)
+        decisions.append(d)
+        sched.postprocess(d, np.full(int(d.batch.sample.sum()), 65), it)
+    return decisions
+
+
+def test_preempting_iteration_admits_and_resumes_no_one():
+    # Shortest remaining work first, 6 blocks of 4: requests preempt one another for blocks. The blocks
+    # a preemption gave up are not handed to the queue (the victim itself included) in the same iteration.
+    specs = [RequestSpec(10_000_000, 2, 8), RequestSpec(10_000_000, 3, 7), RequestSpec(0, 9, 4),
+             RequestSpec(30_000_000, 8, 7)]
+    cfg = SchedulerConfig(policy=Policy.SRW, max_num_seqs=3, max_num_batched_tokens=11, decode_reserve=0.75)
+    reqs, clock, decisions = build_requests(specs), SimClock(), []
+    sched = Scheduler(cfg, BlockManager(6, 4))
+    Engine(sched, SimulatedRunner(clock), clock, on_iteration=lambda d, start, end: decisions.append(d)).run(reqs)
+    preempting = [d for d in decisions if d.preempted]
+    assert preempting
+    assert all(d.limit is Limit.KV_BLOCKS and d.admitted == d.resumed == 0 for d in preempting)
+    assert all(r.phase is Phase.FINISHED_LENGTH for r in reqs)
+
+
+def test_a_recompute_is_chunked_even_with_chunked_prefill_off():
+    # 4 + 4 tokens fit the 8-token budget at admission; after the preemption, the victim's prompt and
+    # outputs are more than 8 tokens: it recomputes them in chunks, or it would never run again.
+    blocks = BlockManager(num_blocks=4, block_size=4)
+    sched = Scheduler(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=8, chunked_prefill=False), blocks)
+    reqs = build_requests([RequestSpec(0, 4, 10), RequestSpec(0, 4, 10)])
+    decisions = _drive(sched, reqs)
+    assert reqs[1].num_preemptions >= 1
+    assert all(r.phase is Phase.FINISHED_LENGTH and len(r.output_ids) == 10 for r in reqs)
+    assert all(d.batch.num_tokens_total <= 8 for d in decisions)
+    assert blocks.device.num_free == 4
+
+
+def test_a_swapped_out_request_resumes_only_when_its_blocks_fit():
+    # The victim is swapped out; it comes back only once the device has room for every swapped block.
+    blocks = BlockManager(num_blocks=4, block_size=4, swap_blocks=4)
+    sched = Scheduler(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=64, preemption=PreemptKind.SWAP), blocks)
+    reqs = build_requests([RequestSpec(0, 4, 10), RequestSpec(0, 4, 10)])
+    decisions = _drive(sched, reqs)
+    assert sum(len(d.swap.swap_out) for d in decisions) > 0 and reqs[1].num_preemptions >= 1
+    assert all(r.phase is Phase.FINISHED_LENGTH and len(r.output_ids) == 10 for r in reqs)
+    assert blocks.device.num_free == 4 and blocks.swap.num_free == 4
+
+
+def test_decode_reserve_holds_back_one_token_prompts_too():
+    # A 4-token budget with 3 reserved for decodes: prefill gets 1 token an iteration, even for prompts of 1.
+    sched = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=4, decode_reserve=0.75), BlockManager(16, 4))
+    reqs = build_requests([RequestSpec(0, 1, 2), RequestSpec(0, 1, 2)])
+    decisions = _drive(sched, reqs)
+    assert [(d.prefill_tokens, d.decode_tokens) for d in decisions[:2]] == [(1, 0), (1, 1)]
+    assert decisions[0].limit is Limit.DECODE_RESERVE
+    assert [r.first_scheduled_iteration for r in reqs] == [0, 1]
+
+
+def test_reject_mode_admits_the_next_request_after_refusing_one():
+    # 8 blocks of 4. A is promised 6 blocks (4 + 20 tokens); at iteration 1, B (4 blocks) cannot be
+    # promised and is rejected, and C (2 blocks), queued behind it, is admitted in that same iteration.
+    sched = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, preemption=PreemptKind.REJECT),
+                      BlockManager(8, 4))
+    a, b, c = build_requests([RequestSpec(0, 4, 20), RequestSpec(1, 8, 8), RequestSpec(2, 4, 4)])
+    decisions = _drive(sched, [a, b, c], arrivals={0: [a], 1: [b, c]})
+    assert b.phase is Phase.REJECTED and b.stop_reason is Reason.NO_KV_FOR_ADMISSION
+    assert (decisions[1].rejected, decisions[1].admitted) == (1, 1)
+    assert c.first_scheduled_iteration == 1 and c.phase is Phase.FINISHED_LENGTH
+
+
+def test_victim_is_the_lowest_ranked_unscheduled_member_holding_blocks():
+    a, b, c, d = build_requests([RequestSpec(0, 8, 4)] * 4)  # live in policy order: a, b, c, d
+    for i, r in enumerate((a, b, c, d)):
+        r.move(Phase.PREFILL, Reason.ADMITTED, 0)
+        r.block_ids = [i]
+    d.block_ids = []  # holds nothing to give
+    assert victim([a, b, c, d], [], a) is c
+    assert victim([a, b, c, d], [(c, 4)], a) is b  # c is scheduled this iteration
+    assert victim([a, b, c, d], [(b, 4), (c, 4)], a) is a  # no one else: the needy one yields
+
+
+def test_edf_puts_requests_without_a_deadline_last():
+    reqs = build_requests([RequestSpec(0, 4, 4), RequestSpec(1, 4, 4, deadline_ns=900),
+                           RequestSpec(2, 4, 4, deadline_ns=500)])
+    ranked = sorted(reqs, key=sort_key(Policy.EDF, 1))
+    assert [r.request_id for r in ranked] == [reqs[2].request_id, reqs[1].request_id, reqs[0].request_id]
+
+
+def test_block_pool_is_fifo_and_refuses_blocks_it_did_not_hand_out():
+    pool = BlockPool(4)
+    first = pool.take(1, 2)
+    assert first == [0, 1]
+    pool.give_back(1, first)  # freed blocks go to the back of the free list
+    assert pool.take(2, 2) == [2, 3] and pool.take(3, 2) == [0, 1]
+    pool.give_back(3, [0, 1])
+    assert pool.num_free == 2 and pool.owners() == {2: 2, 3: 2}
+    with pytest.raises(RuntimeError):
+        pool.give_back(3, [0])  # given back twice
+    with pytest.raises(RuntimeError):
+        pool.give_back(1, [2])  # request 2's
+    with pytest.raises(RuntimeError):
+        pool.give_back(2, [2, 3, 0])  # 2 and 3 are request 2's, 0 is free: refused, and nothing changes
+    assert pool.num_free == 2 and pool.owners() == {2: 2, 3: 2}
+    pool.give_back(2, [2, 3])
+    assert pool.num_free == 4 and pool.owners() == {}
+
+
+def test_kv_counters_count_swaps_both_ways():
+    blocks = BlockManager(num_blocks=4, block_size=4, swap_blocks=4)
+    (req,) = build_requests([RequestSpec(0, 8, 1)])
+    blocks.grow(req, 8)
+    assert (blocks.allocated_this_iteration, blocks.freed_this_iteration) == (2, 0)
+    blocks.reset_counters()
+    blocks.swap_out(req)
+    assert (blocks.allocated_this_iteration, blocks.freed_this_iteration) == (0, 2)
+    blocks.reset_counters()
+    blocks.swap_in(req)
+    assert (blocks.allocated_this_iteration, blocks.freed_this_iteration) == (2, 0)
 
 
 def test_fairness_srw_preempts_the_long_request_and_aging_protects_it():
