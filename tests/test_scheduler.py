@@ -8,6 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from itertrace.profiler import experiments
+from itertrace.profiler.batch import SwapPlan
+from itertrace.profiler.budget import Budget
 from itertrace.profiler.clock import SimClock
 from itertrace.profiler.engine import Engine
 from itertrace.profiler.kv import BlockManager, BlockPool
@@ -327,3 +329,33 @@ def test_a_handed_out_batch_changes_only_by_rows_taking_their_next_block_in_plac
         previous = d.batch, {name: getattr(d.batch, name).copy() for name in names}
         sched.postprocess(d, np.full(len(d.batch.sampled_ids), 7), it)
     assert grown >= 6  # every row took a block in place at least once
+
+
+def test_swap_preemption_uses_a_swap_pool_that_fits_exactly():
+    blocks = BlockManager(num_blocks=4, block_size=4, swap_blocks=2)
+    sched = Scheduler(SchedulerConfig(preemption=PreemptKind.SWAP), blocks)
+    (req,) = build_requests([RequestSpec(0, 8, 4)])
+    req.move(Phase.PREFILL, Reason.ADMITTED, 0)
+    blocks.grow(req, 8)  # two blocks, as many as the swap pool holds
+    req.num_computed = 8
+    plan = SwapPlan()
+    sched._admission.preempt(req, plan, 1)
+    assert [device for device, _ in plan.swap_out] == [0, 1] and req.swap_slots == [0, 1]
+    assert req.block_ids == [] and req.num_computed == 8 and blocks.swap.num_free == 0  # kept: no recompute
+    (other,) = build_requests([RequestSpec(0, 12, 4)])  # three blocks: the swap pool is full, so it recomputes
+    other.move(Phase.PREFILL, Reason.ADMITTED, 0)
+    blocks.grow(other, 12)
+    other.num_computed = 12
+    sched._admission.preempt(other, plan, 1)
+    assert len(plan.swap_out) == 2 and other.swap_slots == [] and other.num_computed == 0
+    assert blocks.device.num_free == 4
+
+
+@pytest.mark.parametrize("prompt, limit", [(8, Limit.DECODE_RESERVE), (12, Limit.TOKEN_BUDGET)])
+def test_a_prompt_held_back_says_whether_the_reserve_or_the_budget_stopped_it(prompt, limit):
+    # 10 tokens left, 6 of them open to prefill; chunked prefill off, so a prompt runs whole or not at all.
+    # A prompt of 8 would fit the budget but for the decode reserve; one of 12 fits neither.
+    (req,) = build_requests([RequestSpec(0, prompt, 4)])
+    budget = Budget(tokens=10, prefill_cap=6, seqs=4)
+    assert budget.chunk(req, chunked_prefill=False) == 0
+    assert budget.limit is limit
