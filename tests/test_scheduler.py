@@ -289,6 +289,21 @@ def test_slot_time_experiment_recovers_slot_time_only_with_variance():
     static_var = next(r for r in result["rows"] if (r["workload"], r["mode"]) == ("variable", "static"))
     assert static_var["idle_slot_iterations"] == static_var["idle_predicted_from_lengths"] > 0
     assert "variance" in result["conclusion"]
+    assert f"in {result['rows'][3]['iterations']} instead of {static_var['iterations']} iterations: x" in result["conclusion"]
+
+
+def test_slot_time_conclusion_follows_the_figures_when_continuous_loses_throughput():
+    # A timed runner on a loaded machine: continuous ran fewer iterations but each took longer.
+    def row(workload, mode, iterations, wall_s):
+        return {"workload": workload, "mode": mode, "iterations": iterations, "wall_s": wall_s,
+                "output_len_mean": 128.0, "output_len_stdev": 0.0 if workload == "uniform" else 230.0,
+                "idle_slot_iterations": 0, "idle_held_by_finished": 900, "idle_share": 0.3,
+                "idle_predicted_from_lengths": 900}
+    rows = [row("uniform", "static", 100, 1.0), row("uniform", "continuous", 100, 1.0),
+            row("variable", "static", 2816, 10.0), row("variable", "continuous", 1064, 11.3)]
+    text = experiments._conclusion(rows, {"uniform": 1.0, "variable": 10.0 / 11.3})
+    assert "in 1064 instead of 2816 iterations: yet x0.88 throughput, since its iterations took 10.62 ms " \
+           "against static's 3.55 ms on this run" in text
 
 
 def test_cancel_frees_blocks_at_the_boundary():
