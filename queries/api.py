@@ -55,6 +55,19 @@ class QueryDB:
     def tables(self) -> set[str]:
         return _tables(self.con)
 
+    def mapping_note(self) -> str | None:
+        """Why the trace views come out empty when the mapping matches nothing here: one line, or None."""
+        if "nvtx_ranges" in self.missing:
+            return None
+        steps, timed = self.con.execute("SELECT count(*), count(device_start_ns) FROM _iterations_device").fetchone()
+        if not steps:
+            return ("the mapping matches no step range in nvtx_ranges: check step_pattern and domain "
+                    "(`SELECT * FROM mapping` shows them; queries/README.md lists the parameters)")
+        if not timed:
+            return (f"none of the {steps:,} step ranges has a device interval (no GPU work inside it, no range "
+                    "matching device_pattern): on a trace without GPU work, set device_pattern")
+        return None
+
     def check(self, name: str) -> Query:
         """The query called `name`, if this database holds every table it needs."""
         query = queries().get(name)

@@ -81,7 +81,10 @@ def run_query(args: argparse.Namespace) -> int:
     with QueryDB(_db(args), params) as db:
         db.check(args.name)
         rows = _write(db, f"SELECT * FROM {args.name}", args)
+        note = db.mapping_note() if not rows and "nvtx_ranges" in query.tables else None
     _done(rows, args.out)
+    if note:
+        print(f"itertrace: note: {note}", file=sys.stderr)
     return 0
 
 

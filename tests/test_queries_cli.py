@@ -147,6 +147,20 @@ def test_generic_mapping_without_a_step_pattern_says_which_parameter_is_missing(
     assert "parameter step_pattern is missing" in err
 
 
+def test_an_empty_result_from_a_mapping_that_matches_nothing_says_why(capsys, sample_dbs):
+    db = str(sample_dbs["static"])
+    rc, out, err = _run(capsys, "query", "host_gaps", "--db", db, "--param", "preset=generic",
+                        "--param", r"step_pattern=^decode_step_\d+$")
+    assert rc == 0 and "(no rows)" in out
+    assert err == ("itertrace: note: the mapping matches no step range in nvtx_ranges: check step_pattern and domain "
+                   "(`SELECT * FROM mapping` shows them; queries/README.md lists the parameters)\n")
+    rc, out, err = _run(capsys, "query", "host_gaps", "--db", db, "--param", "preset=generic",
+                        "--param", "step_pattern=^step$")  # steps found, but on a CPU trace no device_pattern
+    assert rc == 0 and "(no rows)" in out and "step ranges has a device interval" in err
+    rc, out, err = _run(capsys, "query", "host_gaps", "--db", db)  # this engine's names: rows, and no note
+    assert rc == 0 and "(no rows)" not in out and err == ""
+
+
 def test_a_failed_install_writes_nothing(capsys, run_only_db, tmp_path):
     db = tmp_path / "copy.duckdb"
     shutil.copy(run_only_db, db)
