@@ -112,17 +112,21 @@ def test_gap_runs_from_one_device_end_to_the_next_device_start(trace):
     assert trace.query("host_gaps") == [(TID_A, 0, 1, 70, 120, 50)]
 
 
+# host_gaps_parts of CPU_TWO_STEPS: (global_tid, iteration, phase, dur_ns); 98..100 lies between the
+# steps: unattributed.
+CPU_TWO_STEPS_PARTS = [
+    (TID_A, 1, "detokenize", 10),
+    (TID_A, 1, "postprocess", 8),
+    (TID_A, 1, "prepare", 5),
+    (TID_A, 1, "sample", 10),
+    (TID_A, 1, "schedule", 15),
+    (TID_A, 1, "unattributed", 2),
+]
+
+
 def test_gap_split_among_the_phases_it_overlaps_and_unattributed(trace):
     trace.load(CPU_TWO_STEPS)
-    # (global_tid, iteration, phase, dur_ns); 98..100 lies between the steps: unattributed.
-    assert trace.query("host_gaps_parts") == [
-        (TID_A, 1, "detokenize", 10),
-        (TID_A, 1, "postprocess", 8),
-        (TID_A, 1, "prepare", 5),
-        (TID_A, 1, "sample", 10),
-        (TID_A, 1, "schedule", 15),
-        (TID_A, 1, "unattributed", 2),
-    ]
+    assert trace.query("host_gaps_parts") == CPU_TWO_STEPS_PARTS
 
 
 def test_only_innermost_phases_count_and_start_end_ranges_take_no_part(trace):
@@ -324,14 +328,7 @@ def test_phase_names_in_other_domains_take_no_part(trace):
         push_pop(12, "sample", 98, 100, domain="torch"),
         push_pop(13, "schedule", 102, 105, parent=9, depth=2, domain="torch"),
     ]})
-    assert trace.query("host_gaps_parts") == [
-        (TID_A, 1, "detokenize", 10),
-        (TID_A, 1, "postprocess", 8),
-        (TID_A, 1, "prepare", 5),
-        (TID_A, 1, "sample", 10),
-        (TID_A, 1, "schedule", 15),
-        (TID_A, 1, "unattributed", 2),
-    ]
+    assert trace.query("host_gaps_parts") == CPU_TWO_STEPS_PARTS
 
 
 @pytest.mark.parametrize("tables", [CPU_TWO_STEPS, GPU_THREE_STEPS], ids=["cpu", "gpu"])
