@@ -45,6 +45,7 @@ class IngestResult:
     kinds: tuple[str, ...]
     rows: int
     seconds: float
+    notes: tuple[str, ...] = ()  # what looks wrong but may be meant (a run and a capture that look like two runs)
 
     @property
     def rows_per_s(self) -> float:
@@ -96,6 +97,7 @@ def ingest(
                 loader.finish(claimed, ctx)
             con.commit()
             rows = ctx.rows_written
+            notes = tuple(n for n in (_pairing_note(con),) if n)
         finally:
             con.close()
         os.replace(building, target)
@@ -107,7 +109,42 @@ def ingest(
         shutil.rmtree(workdir, ignore_errors=True)
         progress.close()
     kinds = tuple(loader.kind for _, loader in plan)
-    return IngestResult(target, tuple(paths), kinds, rows, clock() - started)
+    return IngestResult(target, tuple(paths), kinds, rows, clock() - started, notes)
+
+
+def _pairing_note(con: duckdb.DuckDBPyConnection) -> str | None:
+    """A run directory ingested beside a capture should be the run that capture recorded: a note when the
+    two look like different runs (the comparison views would then compare unrelated requests).
+
+    The capture's `step` ranges number the run log's iterations, and on a wall clock last as long as
+    them (within NVTX overhead: 18 us median on the sample traces' 4-8 ms iterations); a capture may
+    cover part of a run (a capture range), so fewer steps alone are no sign.
+    """
+    tables = {name for (name,) in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    if not {"run_iterations", "run_meta", "nvtx_ranges"} <= tables:
+        return None
+    steps, iterations, matched, differ, clock = con.execute("""
+        WITH steps AS (
+          SELECT int64_value AS iteration, end_ns - start_ns AS dur_ns FROM nvtx_ranges
+          WHERE text = 'step' AND domain_name = 'itertrace' AND int64_value IS NOT NULL)
+        SELECT (SELECT count(*) FROM steps), (SELECT count(*) FROM run_iterations), count(i.iteration),
+               avg((abs(s.dur_ns - i.dur_ns) > 0.05 * i.dur_ns + 100000)::INTEGER),
+               (SELECT any_value(clock_source) FROM run_meta)
+        FROM steps AS s LEFT JOIN run_iterations AS i USING (iteration)""").fetchone()
+    if not steps:
+        return None  # not this engine's capture: nothing to match
+    if matched < steps:
+        return (f"{steps - matched:,} of the capture's {steps:,} step ranges number iterations the run log "
+                f"does not have ({iterations:,} iterations): the run directory looks like another run's")
+    if clock == "simulated":  # virtual time: durations say nothing, but a simulated run is captured whole
+        if steps != iterations:
+            return (f"the capture has {steps:,} step ranges and the simulated run log {iterations:,} iterations: "
+                    "the run directory looks like another run's")
+        return None
+    if differ > 0.5:  # the same iteration, timed twice: apart by NVTX overhead, tens of us
+        return (f"{differ:.0%} of the capture's step ranges differ in length from the run log's iteration of "
+                "the same number by over 5% + 0.1 ms: the run directory looks like another run's")
+    return None
 
 
 def _loader_for(path: Path, loaders: Sequence[Loader]) -> Loader:

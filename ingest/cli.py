@@ -80,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
         sources = f"{len(result.sources)} source{'s' if len(result.sources) != 1 else ''}"
         print(f"itertrace: ingested {result.rows:,} rows from {sources} into {result.db} in {result.seconds:.1f} s "
               f"({result.rows_per_s:,.0f} rows/s)", file=sys.stderr)
+    for note in result.notes:
+        print(f"itertrace: note: {note}", file=sys.stderr)
     return 0
 
 

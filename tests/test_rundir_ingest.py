@@ -304,3 +304,25 @@ def test_db_that_would_overwrite_a_file_of_the_run(copy, capsys, name):
     assert f"{copy / name}: the database would overwrite a file of the source {copy}" in line
     assert (copy / name).read_bytes() == kept
     assert main(["ingest", str(copy), "--db", str(copy / "trace.duckdb"), "--quiet"]) == 0  # a new file there is fine
+
+
+SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
+
+
+def test_a_run_directory_beside_another_runs_capture_gets_a_note(tmp_path, capsys):
+    if shutil.which("nsys") is None:
+        pytest.skip("nsys (Nsight Systems) is not installed: the sample report cannot be exported")
+    static, continuous = SAMPLES / "worked-example-static", SAMPLES / "worked-example-continuous"
+    capture = continuous / "report.nsys-rep"
+    assert ingest([continuous / "run", capture], tmp_path / "own.duckdb").notes == ()  # its own run
+    # The static run has iterations 0..543 as the capture's steps 0..511 have, but of other lengths.
+    assert main(["ingest", str(static / "run"), str(capture), "--db", str(tmp_path / "crossed.duckdb")]) == 0
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "itertrace: note: 66% of the capture's step ranges differ in length from the run log's iteration of the "
+        "same number by over 5% + 0.1 ms: the run directory looks like another run's")
+    # A simulated run of 384 iterations: the capture numbers 128 steps past its end.
+    assert main(["run", "--num-requests", "40", "--out", str(tmp_path / "sim"), "--format", "json"]) == 0
+    capsys.readouterr()
+    result = ingest([tmp_path / "sim", capture], tmp_path / "sim.duckdb")
+    assert result.notes == ("128 of the capture's 512 step ranges number iterations the run log does not have "
+                            "(384 iterations): the run directory looks like another run's",)
