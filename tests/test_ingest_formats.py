@@ -207,3 +207,16 @@ def test_another_loader_shares_the_database(tmp_path, arrow_export):
         assert con.execute("SELECT count(*) FROM run_log").fetchone() == (2,)
         assert con.execute("SELECT count(*) FROM nvtx_ranges").fetchone() == (3,)
 
+
+
+@pytest.mark.parametrize("order", [(0, 1), (1, 0)], ids=["named-first", "named-last"])
+def test_thread_with_several_names_takes_its_highest_priority_one(tmp_path, order):
+    # nsys may record several names for a thread; the one of highest priority wins, wherever its row is.
+    tables = export_tables()
+    rows = [(5, 10), (1, 1)]  # ("engine", priority 10), ("forward", priority 1)
+    names, priorities = zip(*(rows[i] for i in order))
+    tables["ThreadNames"] = pa.table({"nameId": u64(*names), "priority": u64(*priorities), "globalTid": u64(TID, TID)})
+    db = tmp_path / "trace.duckdb"
+    ingest([write_arrow(tables, tmp_path / "capture.arrow")], db)
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT name FROM threads").fetchall() == [("engine",)]

@@ -374,3 +374,15 @@ def test_a_prompt_held_back_says_whether_the_reserve_or_the_budget_stopped_it(pr
     budget = Budget(tokens=10, prefill_cap=6, seqs=4)
     assert budget.chunk(req, chunked_prefill=False) == 0
     assert budget.limit is limit
+
+
+def test_preemption_restarts_a_requests_aging():
+    # Priority with aging ranks by class and by when a request last joined the queue: a preempted
+    # request queues again from its preemption, behind one of its class queued before that.
+    sched = Scheduler(SchedulerConfig(policy=Policy.PRIORITY, aging_iterations=8), BlockManager(8, 4))
+    early, later = build_requests([RequestSpec(0, 4, 4), RequestSpec(0, 4, 4)])
+    early.move(Phase.PREFILL, Reason.ADMITTED, 0)
+    later.enqueued_iteration = 5
+    sched._admission.preempt(early, SwapPlan(), 10)
+    key = sort_key(Policy.PRIORITY, 8)
+    assert early.enqueued_iteration == 10 and sorted([early, later], key=key) == [later, early]
