@@ -386,3 +386,24 @@ def test_preemption_restarts_a_requests_aging():
     sched._admission.preempt(early, SwapPlan(), 10)
     key = sort_key(Policy.PRIORITY, 8)
     assert early.enqueued_iteration == 10 and sorted([early, later], key=key) == [later, early]
+
+
+def test_a_decode_resumed_from_swap_leaves_prefill_only_the_tokens_left():
+    # Token budget 8, no decode reserve. Request a was decoding when it was swapped out; it resumes as a
+    # decode (1 token), and b's prompt of 20 is chunked into the 7 tokens left, not the 8 of a fresh budget.
+    cfg = SchedulerConfig(preemption=PreemptKind.SWAP, max_num_batched_tokens=8, max_num_seqs=4)
+    sched = Scheduler(cfg, BlockManager(num_blocks=16, block_size=4, swap_blocks=16))
+    a, b = build_requests([RequestSpec(0, 4, 8), RequestSpec(0, 20, 4)])
+    sched.add(a, 0)
+    for it in range(2):  # a's prompt, then one decode
+        d = sched.schedule(it)
+        sched.postprocess(d, np.full(int(d.batch.sample.sum()), 65), it)
+    assert a.phase is Phase.DECODE
+    sched._preempt(a, 2)  # as the decode pass does when another member needs its blocks
+    sched._rows = None  # (outside schedule: the decode rows are rebuilt from the requests, as after a cancel)
+    assert a.swap_slots and a.phase is Phase.PREEMPTED
+    sched.add(b, 2)
+    assert not sched.schedule(2).work  # no admission in the iteration of a preemption
+    d = sched.schedule(3)
+    assert [(r.request_id, n) for r, n in d.work] == [(a.request_id, 1), (b.request_id, 7)]
+    assert d.batch.num_tokens_total == 8 and d.decode_tokens == 1 and d.prefill_tokens == 7
