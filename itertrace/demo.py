@@ -35,24 +35,40 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "profile a live torch run of the worked example under nsys where it is installed, ingest every "
                      "run, query them, and write one HTML report. Prints the headline tables and the report's path."))
     d.add_argument("--out", type=Path, default=Path("out/demo"), help="folder for runs, databases and the report "
-                   "(replaced; default %(default)s)")
+                   "(an earlier demo's is replaced once this one succeeds; default %(default)s)")
     d.add_argument("--requests", type=int, default=4000, help="slot-time requests per workload (default %(default)s)")
     d.add_argument("--no-profile", action="store_true", help="run the live torch run without nsys")
     d.set_defaults(func=cmd_demo)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    out: Path = args.out
+    if args.requests < 16:
+        raise UserError(f"--requests {args.requests}: the slot-time experiment needs at least 16 (the capacity)")
+    previous = None
+    if out.exists():
+        if not out.is_dir() or not (out / "report.html").exists() and any(out.iterdir()):
+            raise UserError(f"{out}: exists and is not an earlier demo's folder; give --out a new folder")
+        previous = out.with_name(f".{out.name}.previous")  # kept until this demo succeeds
+        shutil.rmtree(previous, ignore_errors=True)
+        out.rename(previous)
+    try:
+        _demo(out, args)
+    except BaseException:  # a failed or interrupted demo puts the earlier one back
+        shutil.rmtree(out, ignore_errors=True)
+        if previous is not None:
+            previous.rename(out)
+        raise
+    if previous is not None:
+        shutil.rmtree(previous)
+    return 0
+
+
+def _demo(out: Path, args: argparse.Namespace) -> None:
     from itertrace.profiler import experiments
     from itertrace.profiler.session import RunSpec
     from itertrace.profiler.summary_table import format_experiment
 
-    out: Path = args.out
-    if args.requests < 16:
-        raise UserError(f"--requests {args.requests}: the slot-time experiment needs at least 16 (the capacity)")
-    if out.exists():
-        if not out.is_dir() or not (out / "report.html").exists() and any(out.iterdir()):
-            raise UserError(f"{out}: exists and is not an earlier demo's folder; give --out a new folder")
-        shutil.rmtree(out)
     runs, dbs = out / "runs", out / "db"
     dbs.mkdir(parents=True)
     spec = RunSpec()
@@ -79,7 +95,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"\nreport: {reports[0]}\n  also: {reports[1]}\n        {reports[2]}")
     print(f"databases: {dbs.resolve()}/*.duckdb and {live.resolve()}\n"
           f"  e.g. itertrace query host_gaps_by_phase --db {live}")
-    return 0
 
 
 def _ingest(run_dir: Path, dbs: Path) -> Path:

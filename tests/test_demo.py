@@ -6,6 +6,7 @@ import shutil
 import pytest
 
 from itertrace.cli import main
+from itertrace.errors import UserError
 
 
 @pytest.mark.slow
@@ -30,6 +31,7 @@ def test_demo_writes_three_reports_and_prints_the_headlines(tmp_path, capsys):
         assert "host gaps:" in text and "latency rebuilt from the trace alone agrees" in text
     # a second demo into the same folder replaces the first
     assert main(["demo", "--out", str(out), "--requests", "16", "--no-profile"]) == 0
+    assert (out / "report.html").is_file() and sorted(p.name for p in out.parent.iterdir()) == [out.name]
 
 
 def test_demo_refuses_a_folder_it_did_not_make(tmp_path, capsys):
@@ -40,3 +42,20 @@ def test_demo_refuses_a_folder_it_did_not_make(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path / "mine.txt")]) == 2  # a file, not a folder
     assert "is not an earlier demo's folder" in capsys.readouterr().err
     assert (tmp_path / "mine.txt").read_text() == "keep me"
+
+
+def test_a_failed_demo_puts_the_earlier_one_back(tmp_path, capsys, monkeypatch):
+    from itertrace.profiler import experiments
+
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / "report.html").write_text("the earlier demo's report")
+
+    def fails(*args, **kwargs):
+        raise UserError("the worked example failed")
+    monkeypatch.setattr(experiments, "worked_example", fails)
+    assert main(["demo", "--out", str(out), "--no-profile"]) == 2
+    assert "the worked example failed" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo"]
+    assert [p.name for p in out.iterdir()] == ["report.html"]
+    assert (out / "report.html").read_text() == "the earlier demo's report"
