@@ -208,6 +208,7 @@ def write_report(report: Report, out: str | Path, *, png_dir: str | Path | None 
         raise UserError(f"{out}: folder {out.parent} does not exist")
     charts = report.charts()
     specs = [chart_spec(c.chart) for c in charts]
+    page = render_html(report, specs).encode("utf-8")  # before any PNG: a page that fails leaves no PNG behind
     pngs: list[Path] = []
     if png_dir is not None:
         folder = Path(png_dir)
@@ -218,7 +219,6 @@ def write_report(report: Report, out: str | Path, *, png_dir: str | Path | None 
             path = folder / f"{i:02d}-{block.name}.png"
             _write_atomically(path, vl_convert.vegalite_to_png(spec, vl_version=vl_version(), scale=png_scale))
             pngs.append(path)
-    page = render_html(report, specs).encode("utf-8")
     _write_atomically(out, page)
     return Written(out, len(page), len(charts), len(report.tables()), tuple(pngs))
 
