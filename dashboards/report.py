@@ -14,7 +14,7 @@ import pyarrow as pa
 from itertrace.dashboards.blocks import Block, ChartBlock, NoteBlock, Report, RunData, Section, TableBlock
 from itertrace.dashboards.sections import sections
 from itertrace.errors import UserError
-from itertrace.queries.api import QueryDB
+from itertrace.queries.api import NOT_INGESTED, QueryDB
 from itertrace.queries.catalog import SOURCE_TABLES
 
 __all__ = ["Block", "ChartBlock", "NoteBlock", "Report", "Section", "TableBlock", "build_report"]
@@ -49,8 +49,7 @@ def _open(dbs: Sequence[str | Path], labels: Sequence[str] | None, params: dict[
             db = QueryDB(path, params)
             if len(db.missing) == len(SOURCE_TABLES):
                 db.close()
-                raise UserError(f"{path}: no table of `itertrace ingest` in this database (a capture gives "
-                                "nvtx_ranges, a run directory run_iterations); nothing to report")
+                raise UserError(f"{path}: {NOT_INGESTED}; nothing to report")
             if "nvtx_ranges" not in db.missing:
                 db.sql("SELECT * FROM mapping")  # an incomplete mapping fails here, in one line
             runs.append(RunData("", Path(path), db, _one_row(db, "run_meta"), _one_row(db, "capture_meta"), 0))

@@ -52,13 +52,13 @@ def make_runner(spec: RunSpec):
         clock = SimClock()
         return clock, SimulatedRunner(clock, spec.cost)
     if spec.runner == "torch":
+        import torch
+
         from itertrace.profiler.model import ModelConfig
         from itertrace.profiler.torch_runner import TorchRunner
 
         m = spec.model
         if m.threads is not None:
-            import torch
-
             torch.set_num_threads(m.threads)  # on a shared machine, 1 thread degrades far more gracefully
         try:
             config = None if m.checkpoint else ModelConfig(
@@ -68,8 +68,6 @@ def make_runner(spec: RunSpec):
             raise UserError(f"--hidden {m.hidden_size}, --heads {m.num_heads}, --kv-heads {m.num_kv_heads}: "
                             f"{exc}") from None
         if m.device is not None:
-            import torch
-
             try:
                 kind = torch.device(m.device).type
             except RuntimeError:

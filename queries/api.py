@@ -32,6 +32,11 @@ def connect(db: str | Path, *, read_only: bool = True) -> duckdb.DuckDBPyConnect
         raise UserError(f"{path}: not a DuckDB database this duckdb can open ({_first_line(exc)})") from None
 
 
+# Why a database holds none of SOURCE_TABLES, for the commands that refuse it.
+NOT_INGESTED = ("no table of `itertrace ingest` in this database (a capture gives nvtx_ranges, a run directory "
+                "run_iterations)")
+
+
 class QueryDB:
     """A database with the query library installed: `db.query("host_gaps")` returns an Arrow table."""
 
@@ -102,8 +107,7 @@ def install(con: duckdb.DuckDBPyConnection, *, persist: bool = False) -> dict[st
     present = _tables(con)
     missing = {t: SOURCE_TABLES[t] for t in SOURCE_TABLES if t not in present}
     if persist and len(missing) == len(SOURCE_TABLES):  # not an itertrace database: write nothing into it
-        raise UserError("no table of `itertrace ingest` in this database (a capture gives nvtx_ranges, "
-                        "a run directory run_iterations); nothing to install")
+        raise UserError(f"{NOT_INGESTED}; nothing to install")
     replace = "CREATE OR REPLACE " if persist else "CREATE OR REPLACE TEMP "
     installed: set[str] = set()
     for mod in modules():
