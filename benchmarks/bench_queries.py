@@ -26,7 +26,7 @@ ru_maxrss where that cannot be reset; DuckDB's allocations are native, so tracem
 them), and that peak less the child's RSS just before the computation. The SQL and pandas results must
 agree: row counts, column sums, every row (both sorted), with a sample of rows printed.
 
-Usage: python benchmarks/bench_queries.py [--iterations N] [--repeat R] [--threads T] [--keep DB]
+Usage: python benchmarks/bench_queries.py [--iterations N] [--repeat R] [--threads T] [--keep DB] [--capture FILE]
 (--keep DB writes the database there and reuses it on a later run when it holds the same copies.)
 
 Measured on 2 cores at 1,000,448 iterations (2026-11-29, load average 0.6-1.2), three runs of this
@@ -92,11 +92,11 @@ class Copies:
     marks: int
 
 
-def ingest_sample(out: Path) -> Path:
+def ingest_sample(out: Path, capture: Path) -> Path:
     from itertrace.ingest import ingest
 
     db = out / "sample.duckdb"
-    ingest([SAMPLE / "run", SAMPLE / "report.nsys-rep"], db)
+    ingest([SAMPLE / "run", capture], db)
     return db
 
 
@@ -481,12 +481,13 @@ def run(args: argparse.Namespace) -> None:
           f"numpy {np.__version__}, pyarrow {pa.__version__}")
     print(f"DuckDB threads: {args.threads or cores}{'' if args.threads else ' (default: all cores)'}; "
           f"pandas: one thread; runs per figure: {args.repeat} (first and best shown)")
-    find_nsys()
+    if args.capture.suffix == ".nsys-rep":
+        find_nsys()
     with tempfile.TemporaryDirectory(prefix="itertrace-bench-queries-") as tmp:
         tmp = Path(tmp)
         path = args.keep if args.keep else tmp / "large.duckdb"
         started = time.perf_counter()
-        sample = ingest_sample(tmp)
+        sample = ingest_sample(tmp, args.capture)
         ingest_s = time.perf_counter() - started
         path.parent.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
@@ -596,6 +597,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="DuckDB threads (default: all cores)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="write the large database here and keep it (default: a temporary folder); reused when it exists")
+    parser.add_argument("--capture", type=Path, default=SAMPLE / "report.nsys-rep",
+                        help="the sample's capture: its report (default; needs nsys) or an export of it "
+                             "(`nsys export --type arrow`), for a machine without nsys")
     args = parser.parse_args()
     run(args)
 

@@ -72,7 +72,8 @@ class AttentionMetadata:
 
     def inputs_rewritten(self) -> None:
         """Its tensors were rewritten in place (a runner reusing its inputs): drop what was derived from them."""
-        self.__dict__.pop("decode_keys", None)  # the cached_property's value
+        self.__dict__.pop("decode_keys", None)  # the cached_properties' values
+        self.__dict__.pop("decode_segments", None)
 
     @cached_property
     def decode_keys(self) -> tuple[Tensor, Tensor, Tensor]:
@@ -87,6 +88,38 @@ class AttentionMetadata:
         seq, j = (torch.arange(tables.shape[1], device=lens.device)[None, :] < held[:, None]).nonzero(as_tuple=True)
         past = (j * bs)[:, None] + torch.arange(bs, device=lens.device)[None, :] >= lens[seq][:, None]  # [B, bs]
         return tables[seq, j], seq, past
+
+    @cached_property
+    def decode_segments(self) -> Tensor:
+        """[D, W] the place of each decode's blocks in the flat list of `decode_keys`, padded with B.
+
+        W is the most blocks any decode holds. Summing a [B, ...] tensor over each decode's blocks as
+        a gather through this index and a sum over its second axis takes the same steps on every run,
+        where `index_add_` on CUDA adds with atomics, in an order that changes from run to run.
+        """
+        _, seq, _ = self.decode_keys
+        held = torch.bincount(seq, minlength=len(self.decode_context_lens))  # [D]
+        place = torch.arange(len(seq), device=seq.device) - (torch.cumsum(held, 0) - held)[seq]  # [B]
+        index = torch.full((len(held), int(held.max())), len(seq), dtype=torch.int64, device=seq.device)
+        index[seq, place] = torch.arange(len(seq), device=seq.device)
+        return index
+
+
+def segment_sum(x: Tensor, seq: Tensor, meta: AttentionMetadata) -> Tensor:
+    """[D, ...] the sum of the rows of x ([B, ...], grouped by decode as in `decode_keys`) over each decode.
+
+    The same value on every run: on the CPU `index_add_` adds in order; on CUDA it adds with atomics,
+    so there the rows go through `decode_segments` instead.
+    """
+    if x.device.type == "cpu":
+        return torch.zeros((len(meta.decode_context_lens), *x.shape[1:]), dtype=x.dtype).index_add_(0, seq, x)
+    return gathered_segment_sum(x, meta)
+
+
+def gathered_segment_sum(x: Tensor, meta: AttentionMetadata) -> Tensor:
+    """`segment_sum` as a gather through `decode_segments` and a sum: on any device, the same steps every run."""
+    padded = torch.cat((x, x.new_zeros((1, *x.shape[1:]))))  # row B: zeros, for the padding
+    return padded[meta.decode_segments].sum(1)
 
 
 # Keys one step of decode attention reads at a time: 1024 keys x 4 heads x 64 dims in float32 is 1 MiB
@@ -196,12 +229,12 @@ class Attention(nn.Module):
         peak = torch.full((d, kv, group), float("-inf"), dtype=q.dtype, device=q.device)
         peak = peak.scatter_reduce(0, index, scores.amax(1), "amax")  # [D, kv_heads, group]
         weights = (scores - peak.index_select(0, seq)[:, None]).exp()[..., None]  # [B, bs, kv_heads, group, 1]
-        total = torch.zeros_like(peak).index_add_(0, seq, weights.sum((1, 4)))  # [D, kv_heads, group]
+        total = segment_sum(weights.sum((1, 4)), seq, meta)  # [D, kv_heads, group]
         part = torch.empty((n, kv, group, hd), dtype=q.dtype, device=q.device)
         for c in range(0, n, step):
             values = gather_blocks(v_cache, blocks[c:c + step])[:, :, :, None, :]  # [b, bs, kv_heads, 1, hd]
             torch.sum(weights[c:c + step] * values, 1, out=part[c:c + step])
-        out = torch.zeros((d, kv, group, hd), dtype=q.dtype, device=q.device).index_add_(0, seq, part)
+        out = segment_sum(part, seq, meta)  # [D, kv_heads, group, hd]
         return (out / total[..., None]).view(d, self.num_heads, hd)
 
     def _attend(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:

@@ -151,6 +151,7 @@ def run_metadata(spec: RunSpec, runner, clock, workload: str, result: RunResult)
         "runner": runner.name,
         "simulated": bool(runner.simulated),
         "device": str(getattr(runner, "device", "none")),
+        "device_name": _device_name(runner),
         "torch_threads": _torch_threads(runner),
         "workload": workload,
         "seed": spec.seed,
@@ -161,6 +162,16 @@ def run_metadata(spec: RunSpec, runner, clock, workload: str, result: RunResult)
         "versions": versions,
         "summary": summarize(result, spec.scheduler.max_num_seqs),
     }
+
+
+def _device_name(runner) -> str | None:
+    """The GPU's name on a CUDA run (timings depend on it); None otherwise."""
+    device = getattr(runner, "device", None)
+    if device is None or device.type != "cuda":
+        return None
+    import torch
+
+    return torch.cuda.get_device_name(device)
 
 
 def _torch_threads(runner) -> int | None:

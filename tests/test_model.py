@@ -157,14 +157,17 @@ def test_transformers_5_rope_parameters_are_read(tmp_path: Path) -> None:
         load_checkpoint(tmp_path)
 
 
+@pytest.mark.parametrize("summed", ["index_add", "gathered"])  # gathered: how CUDA sums, here on the CPU
 @pytest.mark.parametrize("chunk_keys", [4, 1024])
 @pytest.mark.parametrize("heads, kv_heads", [(4, 4), (8, 2)])
-def test_decode_attention_reads_each_context_exactly(monkeypatch, chunk_keys, heads, kv_heads) -> None:
+def test_decode_attention_reads_each_context_exactly(monkeypatch, chunk_keys, heads, kv_heads, summed) -> None:
     """Varlen decode attention (chunked or not) equals dense softmax attention over each decode's own keys."""
     from itertrace.profiler import model as model_mod
     from itertrace.profiler.model import Attention, AttentionMetadata
 
     monkeypatch.setattr(model_mod, "DECODE_CHUNK_KEYS", chunk_keys)
+    if summed == "gathered":
+        monkeypatch.setattr(model_mod, "segment_sum", lambda x, seq, meta: model_mod.gathered_segment_sum(x, meta))
     config = ModelConfig(hidden_size=64, num_heads=heads, num_kv_heads=kv_heads, intermediate_size=96)
     attn, hd, bs = Attention(config), config.head_dim, 4
     gen = torch.Generator().manual_seed(0)

@@ -91,7 +91,7 @@ def test_chunked_prefill_and_decode_in_shuffled_blocks_match_dense_reference(con
     for tokens, got in ((a, got_a), (b, got_b)):
         want = dense_logits(runner, tokens)
         for pos, row in got.items():
-            torch.testing.assert_close(row.double(), want[pos], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(row.double().cpu(), want[pos], rtol=1e-4, atol=1e-5)
     assert got_a[27].abs().max() > 1e-3  # the comparison is not between two near-zero vectors
 
 
@@ -103,7 +103,7 @@ def test_decode_batch_pads_block_tables_of_different_lengths() -> None:
             step(runner, 0, [work(rid, tokens[:-1], 0, table, sample=False)])
     rows = step(runner, 1, [work(rid, tokens[-1:], len(tokens) - 1, table) for rid, (table, tokens) in seqs.items()])
     for row, (_, tokens) in zip(rows, seqs.values()):
-        torch.testing.assert_close(row.double(), dense_logits(runner, tokens)[-1], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(row.double().cpu(), dense_logits(runner, tokens)[-1], rtol=1e-4, atol=1e-5)
 
 
 Prompts = dict[int, tuple[list[int], SamplingParams]]

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# GPU checks, for a session that has a CUDA machine (CI has none, and nothing else depends on this).
+#
+# Run from the repository root on the GPU machine, with logs written under $OUT (default /tmp/gpu-check):
+#   - the torch tests, which run on CUDA when it is present, and tests/test_cuda.py (CPU and CUDA
+#     runners batch for batch);
+#   - `itertrace run --runner torch --device cuda`, and the slot-time experiment on CUDA;
+#   - benchmarks/bench_queries.py, bench_scheduler.py and bench_simulated.py on that machine's cores.
+# The machine has no network and no nsys: it needs the duckdb and nvtx wheels for its Python in .whl/
+# (pip download --only-binary=:all: --python-version 3.12 ... duckdb==2.0.1 nvtx==0.2.11) and the
+# sample capture exported here in .gpu/ (nsys export --type arrow -o .gpu/worked-example-continuous.arrow
+# sample_traces/worked-example-continuous/report.nsys-rep). Stages run in order of importance, each
+# under its own limit and all under DEADLINE seconds, so that a slow stage leaves the rest their turn;
+# STAGES="tests bench_queries" runs only the stages named.
+set -u
+export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1  # imports come from the installed package, not the checkout
+LOGS=${OUT:-/tmp/gpu-check}
+DEADLINE=$((SECONDS + ${DEADLINE:-540}))
+mkdir -p "$LOGS"
+
+stage() {  # stage NAME LIMIT COMMAND...: run COMMAND under min(LIMIT, time left), its output in NAME.log
+  local name=$1 limit=$2 left=$((DEADLINE - SECONDS - 5))
+  shift 2
+  if [[ -n ${STAGES:-} && " $STAGES " != *" $name "* ]]; then return; fi
+  ((left < limit)) && limit=$left
+  if ((limit < 10)); then echo "=== $name: skipped, out of time"; return; fi
+  echo "=== $name (limit ${limit}s, $(date +%T))"
+  timeout "$limit" "$@" > "$LOGS/$name.log" 2>&1
+  local rc=$?
+  tail -n "${TAIL:-25}" "$LOGS/$name.log"
+  echo "=== $name: exit $rc after $((SECONDS - start))s"
+}
+
+start=$SECONDS
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/pkg . || exit 1
+export PYTHONPATH=/tmp/pkg:/tmp/site PATH=/tmp/pkg/bin:$PATH
+nvidia-smi -L
+python3 -c "import torch, duckdb; print('torch', torch.__version__, torch.cuda.get_device_name(), 'duckdb', duckdb.__version__)"
+echo "cores: $(nproc); setup took $((SECONDS - start))s"
+
+TAIL=40 stage tests 200 python3 -m pytest -q -p no:cacheprovider -rs \
+  tests/test_cuda.py tests/test_torch_runner.py tests/test_torch_engine.py tests/test_model.py
+stage run 60 itertrace run --runner torch --device cuda --workload synthetic --num-requests 64 \
+  --output-len uniform:16:128 --capacity 16 --out /tmp/gpu-run
+[[ -f /tmp/gpu-run/run.json ]] && python3 -c "import json; m = json.load(open('/tmp/gpu-run/run.json')); print({k: m[k] for k in ('runner', 'device', 'device_name', 'clock_source')})"
+stage bench_queries 200 python3 benchmarks/bench_queries.py --repeat 2 --capture .gpu/worked-example-continuous.arrow
+stage slot_time 150 itertrace experiment slot-time --runner torch --device cuda
+stage bench_scheduler 45 python3 benchmarks/bench_scheduler.py
+stage bench_simulated 90 python3 benchmarks/bench_simulated.py
+echo "all stages done after $((SECONDS - start))s"
