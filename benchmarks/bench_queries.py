@@ -29,24 +29,20 @@ agree: row counts, column sums, every row (both sorted), with a sample of rows p
 Usage: python benchmarks/bench_queries.py [--iterations N] [--repeat R] [--threads T] [--keep DB] [--capture FILE]
 (--keep DB writes the database there and reuses it on a later run when it holds the same copies.)
 
-Measured on 2 cores at 1,000,448 iterations (2026-11-29, load average 0.6-1.2), three runs of this
-script after the gap walk (host_gaps.sql): gap attribution SQL 5.23, 5.08 and 4.48 s (6.5-7.6 CPU-s,
-peak RSS 1.6-2.1 GiB) against pandas with loading 13.27, 11.31 and 13.28 s (6.4-8.1 s without; peak
-3.7 GiB): x2.5, x2.2 and x3.0, short of the x10 target (the last run with gaps keyed by gap_seq);
-TTFT SQL 0.07 s against 0.67-0.77 s (x9.9-10.6). The walk halved the view's CPU (13.1-15.3 CPU-s
-with two ASOF joins, a lead() window and two large GROUP BYs). Where its ~6.5 CPU-s go, roughly
-(helper-13's operator profile): the gaps (device-range ASOF join, its 1M-group aggregation and the
-gap window) 1.5; the 7M-row sort of the walk 0.9; the final 6M-row sort and its streaming pass 1.5;
-converting the 6M result rows to Arrow 0.5-0.8.
-
-Three more runs the next session (load 0.9-1.3): gap attribution 5.48, 5.15 and 4.18 s against
-pandas with loading 13.06, 12.34 and 12.60 s (x2.4, x2.4, x3.0); TTFT 0.08, 0.07 and 0.07 s against
-0.72, 0.50 and 0.76 s (x9.5, x6.6, x10.5: the pandas side loads 2M events in 0.37-0.58 s, so this
-ratio swings around 10). The steps printed last (`floor`), each timed alone, in the third run: device
-intervals and gaps 0.80 s, the phase ranges in time order 0.46, adding the parts up by (gap, phase)
-on integer keys 0.88, the result rows to Arrow 0.19: 2.34 s in all against the 1.26 s the x10 target
-leaves, and 1.53 s even without the gaps. So a formulation that has to take these steps does not
-reach x10 on this 2-core machine, however the rest of it is written.
+Measured at 1,000,448 iterations (2026-11-30), gap attribution by two ASOF joins (host_gaps.sql), which
+DuckDB runs on all cores:
+- 16 cores (the H200 machine's host, load 0.4, `benchmarks/gpu_check.sh`, --repeat 2): gap attribution
+  SQL 1.05 s best (1.13 first; 11.9 CPU-s, peak RSS 2.8 GiB) against pandas with loading 12.25 s (8.61
+  without; peak 3.7 GiB): x11.7 (x8.2 against pandas alone); TTFT 0.03 s against 0.50 s (x16.1).
+- 2 cores (this development machine, load 0.5-1.7, --repeat 3): gap attribution SQL 6.48 s best (11.9
+  CPU-s, peak 2.6 GiB) against pandas with loading 12.76 s: x2.0; TTFT 0.07 s against 0.75 s (x10.3).
+The formulation before (one sort of a track's phase ranges and gaps, walked once with running windows
+over an empty OVER, which DuckDB evaluates on one thread) took half the CPU but did not scale: on the
+16-core machine it took 2.31 s at 16 threads, 2.72 at 8, 2.88 at 4 and 3.32 at 2, where the ASOF joins
+took 1.08, 1.63, 2.51 and 3.99 s (the same rows, in the same order); with it the ratio was x6.3 there
+(2.37 s against 15.03 s) and x2.2-x3.0 on 2 cores. So at 4 threads and more the joins are faster, and
+on a 2-core machine x10 is out of reach either way: the steps printed last (`floor`), each timed alone,
+sum to 2.77 s there against the 1.28 s that x10 leaves (0.38 s against 1.22 s on 16 cores).
 """
 from __future__ import annotations
 

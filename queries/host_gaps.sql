@@ -11,18 +11,15 @@
 -- of a gap always add up to the gap. Start/end ranges, which may overlap, take no part; a leaf
 -- still open when the capture stopped covers everything after its start.
 --
--- How the parts are computed (in one sort of the ranges and gaps, not per-row joins): the phase
--- ranges and the gaps of a track are sorted together by start (at one instant a gap before a range,
--- ranges longest first) and walked once with running `last_value` windows, which carry along the walk
--- the latest gap and the latest phase range seen. Gaps are disjoint, and so are leaves, so a leaf and
--- a gap overlap exactly when the leaf starts inside the gap (then the gap is the latest one started
--- at or before the leaf) or the gap starts inside the leaf (then the leaf is the latest phase range
--- started before the gap: were that range not a leaf, the next range starts inside it after the
--- gap's start, and no earlier leaf reaches the gap). Whether a range is a leaf is seen at the next
--- phase range of the walk (it is not a leaf if that one starts before it ends), after its pairs
--- were found, so the pairs of non-leaves are dropped afterwards. The parts are then sorted by
--- (track, gap, phase) and walked again to add up the time of each phase in each gap, and the gap's
--- unattributed rest. Gaps are keyed by their place on the track (gap_seq), not by iteration: an
+-- How the parts are computed (with joins that DuckDB runs on all cores, not per-row joins): gaps
+-- are disjoint, and so are leaves, so a leaf and a gap overlap exactly when the leaf starts inside
+-- the gap (then the gap is the latest one started at or before the leaf) or the gap starts inside
+-- the leaf (then the leaf is the latest one started before the gap). Each case is one ASOF join,
+-- of the leaves to the gaps and of the gaps to the leaves. A phase range is a leaf when the phase
+-- range that comes next on its thread (by start, longest first) does not start before it ends:
+-- push/pop ranges nest, so the next one lies inside it exactly when it starts before it ends. The
+-- overlaps are added up by (track, gap, phase), and each gap's unattributed part is the gap less
+-- what its phases took. Gaps are keyed by their place on the track (gap_seq), not by iteration: an
 -- iteration may be NULL, for a step the mapping cannot number. host_gaps_parts lists the gaps in
 -- host_gaps' order, each gap's parts by phase name with `unattributed` last.
 --
@@ -92,137 +89,69 @@ WITH
 SELECT text, phase, dense_rank() OVER (ORDER BY phase = 'unattributed', phase)::INTEGER AS phase_rank
 FROM names;
 
--- Every (gap, leaf) overlap, with its length (the walk described at the top of this file).
-CREATE VIEW _host_gaps_overlaps AS
+-- The host-phase leaves of the tracks' threads (see the notes at the top of this file); a leaf
+-- still open when the capture stopped ends last.
+CREATE VIEW _host_gaps_leaves AS
 WITH
-  gaps AS (
-    SELECT global_tid, iteration, gap_seq, gap_start_ns, gap_end_ns FROM _host_gaps_unordered WHERE gap_ns > 0
-  ),
-  events AS (
-    -- One opening row per track, first on it: as its latest gap and latest phase range it carries
-    -- ends at the smallest time, so nothing pairs with what came before on another track.
-    SELECT DISTINCT
-      global_tid,
-      -9223372036854775808 AS start_ns,
-      -9223372036854775808 AS end_ns,
-      NULL::BIGINT AS range_id,
-      NULL::INTEGER AS phase_rank,
-      {'iteration': NULL::BIGINT} AS gap_iteration,
-      NULL::BIGINT AS gap_seq,
-      -9223372036854775808 AS gap_end_ns
-    FROM gaps
-    UNION ALL
-    -- The gaps (end_ns NULL: at one instant a gap comes before the ranges). The iteration is boxed
-    -- in a struct so that a NULL iteration is still carried by last_value(... IGNORE NULLS).
-    SELECT global_tid, gap_start_ns, NULL, NULL, NULL, {'iteration': iteration}, gap_seq, gap_end_ns
-    FROM gaps
-    UNION ALL
-    -- The push/pop phase ranges of the tracks; one still open when the capture stopped ends last.
-    SELECT r.global_tid, r.start_ns, coalesce(r.end_ns, 9223372036854775807), r.range_id, n.phase_rank, NULL, NULL, NULL
+  phases AS (
+    SELECT
+      r.global_tid,
+      r.start_ns,
+      coalesce(r.end_ns, 9223372036854775807) AS end_ns,
+      n.phase_rank,
+      lead(r.start_ns) OVER (PARTITION BY r.global_tid ORDER BY r.start_ns, r.end_ns DESC NULLS FIRST, r.range_id)
+        AS next_start_ns
     FROM nvtx_ranges AS r
     JOIN _host_gaps_phase_names AS n ON n.text = r.text
     WHERE r.range_kind = 'push_pop'
       AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
-      AND r.global_tid IN (SELECT global_tid FROM gaps)
-  ),
-  ordered AS (
-    SELECT * FROM events ORDER BY global_tid, start_ns, end_ns DESC NULLS FIRST, range_id
-  ),
-  walk AS (
-    -- The latest gap and the latest phase range so far, at every row of the walk. Windows with an
-    -- empty OVER run in the order of their input (DuckDB keeps it), here the sort above.
-    SELECT
-      *,
-      last_value(gap_end_ns IGNORE NULLS) OVER so_far AS last_gap_end_ns,
-      last_value(gap_iteration IGNORE NULLS) OVER so_far AS last_gap_iteration,
-      last_value(gap_seq IGNORE NULLS) OVER so_far AS last_gap_seq,
-      last_value(end_ns IGNORE NULLS) OVER so_far AS last_end_ns,
-      last_value(range_id IGNORE NULLS) OVER so_far AS last_range_id,
-      last_value(phase_rank IGNORE NULLS) OVER so_far AS last_phase_rank
-    FROM ordered
-    WINDOW so_far AS (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
-  ),
-  found AS MATERIALIZED (
-    -- At a range: the pair with the latest gap if the range starts inside it, and whether the range
-    -- before it on the walk is no leaf (this one starts before that one ends). At a gap: the pair
-    -- with the latest range if the gap starts inside it.
-    SELECT
-      global_tid,
-      CASE WHEN range_id IS NOT NULL THEN last_gap_iteration ELSE gap_iteration END.iteration AS iteration,
-      CASE WHEN range_id IS NOT NULL THEN last_gap_seq ELSE gap_seq END AS gap_seq,
-      last_range_id AS range_id,
-      last_phase_rank AS phase_rank,
-      -- (computed only for pairs: the opening rows' smallest time must not enter a subtraction)
-      CASE WHEN range_id IS NOT NULL AND start_ns < last_gap_end_ns THEN least(end_ns, last_gap_end_ns) - start_ns
-           WHEN range_id IS NULL AND start_ns < last_end_ns THEN least(last_end_ns, gap_end_ns) - start_ns
-      END AS overlap_ns,
-      CASE WHEN range_id IS NOT NULL THEN start_ns < last_gap_end_ns ELSE start_ns < last_end_ns END AS is_pair,
-      CASE WHEN range_id IS NOT NULL AND start_ns < before_end_ns THEN before_range_id END AS not_leaf_id
-    FROM (
-      SELECT *, lag(last_end_ns) OVER () AS before_end_ns, lag(last_range_id) OVER () AS before_range_id
-      FROM walk
-    )
-    WHERE (CASE WHEN range_id IS NOT NULL THEN start_ns < last_gap_end_ns ELSE start_ns < last_end_ns END)
-       OR (range_id IS NOT NULL AND start_ns < before_end_ns)
+      AND r.global_tid IN (SELECT global_tid FROM _host_gaps_unordered)
   )
-SELECT global_tid, iteration, gap_seq, phase_rank, overlap_ns
-FROM found
-WHERE is_pair
-  AND range_id NOT IN (SELECT not_leaf_id FROM found WHERE not_leaf_id IS NOT NULL);
+SELECT global_tid, start_ns, end_ns, phase_rank
+FROM phases
+WHERE next_start_ns IS NULL OR next_start_ns >= end_ns;
+
+-- Every (gap, leaf) overlap, with its length: a leaf starting inside a gap, or a gap starting
+-- inside a leaf (at one instant, the leaf counts as starting inside the gap).
+CREATE VIEW _host_gaps_overlaps AS
+WITH
+  gaps AS (
+    SELECT global_tid, iteration, gap_seq, gap_start_ns, gap_end_ns FROM _host_gaps_unordered WHERE gap_ns > 0
+  )
+SELECT g.global_tid, g.iteration, g.gap_seq, l.phase_rank, least(l.end_ns, g.gap_end_ns) - l.start_ns AS overlap_ns
+FROM _host_gaps_leaves AS l
+ASOF JOIN gaps AS g ON g.global_tid = l.global_tid AND g.gap_start_ns <= l.start_ns
+WHERE l.start_ns < g.gap_end_ns
+UNION ALL
+SELECT g.global_tid, g.iteration, g.gap_seq, l.phase_rank, least(l.end_ns, g.gap_end_ns) - g.gap_start_ns
+FROM gaps AS g
+ASOF JOIN _host_gaps_leaves AS l ON l.global_tid = g.global_tid AND l.start_ns < g.gap_start_ns
+WHERE l.end_ns > g.gap_start_ns;
 
 -- host_gaps_parts, with each gap's gap_seq (the key the summaries below join gaps on).
 CREATE VIEW _host_gaps_parts_keyed AS
 WITH
-  parts AS (
-    -- The overlaps, and each gap as its unattributed part (phase_rank after every phase's).
-    SELECT global_tid, iteration, gap_seq, phase_rank, overlap_ns AS attributed_ns, NULL::BIGINT AS gap_ns
+  attributed AS (
+    SELECT global_tid, gap_seq, any_value(iteration) AS iteration, phase_rank, sum(overlap_ns)::BIGINT AS dur_ns
     FROM _host_gaps_overlaps
+    GROUP BY global_tid, gap_seq, phase_rank
+  ),
+  covered AS (
+    SELECT global_tid, gap_seq, sum(dur_ns) AS dur_ns FROM attributed GROUP BY global_tid, gap_seq
+  ),
+  parts AS (
+    SELECT a.global_tid, a.iteration, a.gap_seq, a.phase_rank, n.phase, a.dur_ns
+    FROM attributed AS a
+    JOIN (SELECT DISTINCT phase, phase_rank FROM _host_gaps_phase_names) AS n ON n.phase_rank = a.phase_rank
     UNION ALL
-    SELECT global_tid, iteration, gap_seq, 2147483647, 0, gap_ns
-    FROM _host_gaps_unordered
-  ),
-  named AS (
-    SELECT p.*, coalesce(n.phase, 'unattributed') AS phase
-    FROM parts AS p
-    LEFT JOIN (SELECT DISTINCT phase, phase_rank FROM _host_gaps_phase_names) AS n ON n.phase_rank = p.phase_rank
-  ),
-  ordered AS (
-    SELECT * FROM named ORDER BY global_tid, gap_seq, phase_rank
-  ),
-  walk AS (
-    -- A running total of the attributed time; where the gap (track, gap_seq) or the phase changes.
-    SELECT
-      *,
-      sum(attributed_ns) OVER (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS total_ns,
-      global_tid IS DISTINCT FROM lag(global_tid) OVER () OR gap_seq IS DISTINCT FROM lag(gap_seq) OVER ()
-        AS first_of_gap,
-      phase_rank IS DISTINCT FROM lag(phase_rank) OVER () AS phase_changed,
-      global_tid IS DISTINCT FROM lead(global_tid) OVER () OR gap_seq IS DISTINCT FROM lead(gap_seq) OVER ()
-        OR phase_rank IS DISTINCT FROM lead(phase_rank) OVER () AS last_of_phase
-    FROM ordered
-  ),
-  totals AS (
-    -- The running total before the first row of this phase in this gap, and before the gap's first row.
-    SELECT
-      *,
-      last_value(CASE WHEN first_of_gap OR phase_changed THEN total_ns - attributed_ns END IGNORE NULLS)
-        OVER so_far AS phase_before_ns,
-      last_value(CASE WHEN first_of_gap THEN total_ns - attributed_ns END IGNORE NULLS)
-        OVER so_far AS gap_before_ns
-    FROM walk
-    WINDOW so_far AS (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+    -- each gap's unattributed part, after every phase's (rank 2147483647)
+    SELECT g.global_tid, g.iteration, g.gap_seq, 2147483647, 'unattributed', (g.gap_ns - coalesce(c.dur_ns, 0))::BIGINT
+    FROM _host_gaps_unordered AS g
+    LEFT JOIN covered AS c ON c.global_tid = g.global_tid AND c.gap_seq = g.gap_seq
   )
--- A phase's time in a gap at its last row; the unattributed part at the gap's own row. Rows keep
--- the order of the sort above.
-SELECT
-  global_tid,
-  iteration,
-  gap_seq,
-  phase,
-  (CASE WHEN gap_ns IS NOT NULL THEN gap_ns - (total_ns - gap_before_ns)
-        ELSE total_ns - phase_before_ns END)::BIGINT AS dur_ns
-FROM totals
-WHERE gap_ns IS NOT NULL OR last_of_phase;
+SELECT global_tid, iteration, gap_seq, phase, dur_ns
+FROM parts
+ORDER BY global_tid, gap_seq, phase_rank;
 
 -- Each gap split into host phases and an `unattributed` remainder; a gap's parts add up to its gap_ns.
 CREATE VIEW host_gaps_parts (
