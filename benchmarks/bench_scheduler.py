@@ -29,6 +29,12 @@ the decision about 9, finding the growing rows 2, and prepare's ten numpy calls 
 a single row still costs about 13, so what remains is per call, not per row. Two plain runs of this
 script afterwards on a quiet machine (load 0.9): staggered 256 gave 49.0 us (schedule 34.1 + prepare
 14.9) in a quick spell and 89.9 (62.9 + 27.1) in a slow one; synchronized 256, 29.4 and 29.0.
+
+On the H200 machine (16 cores, 2026-11-30), where the runner prepares for CUDA (its uploads count, and
+the benchmark synchronizes after prepare, untimed, as the forward pass would): staggered 256 took
+57.1 and 55.6 us (prepare 35.8 and 34.8) with blocking uploads from pageable memory, and 42.9 and
+51.2 us (prepare 23.4 and 28.3) once the inputs went through pinned buffers without waiting for the
+copies; rounds alternated in one run, the second round slower for both (schedule 19.6 -> 23.0).
 """
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ import statistics
 import time
 
 import numpy as np
+import torch
 
 from itertrace.profiler.kv import BlockManager
 from itertrace.profiler.model import ModelConfig
@@ -65,6 +72,8 @@ def bench(n: int, iters: int, staggered: bool) -> dict[str, float]:
         t1 = time.perf_counter_ns()
         runner.prepare(d.batch)
         t2 = time.perf_counter_ns()
+        if runner.device.type == "cuda":  # as the forward pass would, untimed: the uploads are done
+            torch.cuda.synchronize(runner.device)
         tokens = np.full(len(d.batch.sampled_ids), 65)
         t3 = time.perf_counter_ns()
         sched.postprocess(d, tokens, it)

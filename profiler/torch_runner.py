@@ -34,7 +34,8 @@ class _DecodeInputs:
     (see Batch): a -1 entry becomes the block the row's next token goes into, just before the batch
     of that token, whose slot check (`write`) then covers the new block id. On the CPU the tensor
     passed to attention is the array's own memory, so it sees such writes; on CUDA the tables are
-    uploaded with the other inputs at every iteration.
+    uploaded with the other inputs at every iteration, from pinned host buffers without waiting for
+    the copies (the forward pass that reads them synchronizes before the next `write`).
     """
 
     def __init__(self, n: int, device: torch.device, block_size: int) -> None:
@@ -42,7 +43,10 @@ class _DecodeInputs:
         self.rows_tensor = torch.from_numpy(self.rows).to(device)
         # [5, n]: token ids, slot mapping, positions, context lengths; then each position counted from the
         # start of the flattened tables (row i starts at i * max_blocks * block_size), not uploaded
-        self.host = np.zeros((5, n), dtype=np.int64)
+        self.same_memory = device.type == "cpu"  # nothing to upload
+        # on CUDA in pinned memory, so that its upload need not wait for the copy
+        host = torch.zeros((5, n), dtype=torch.int64, pin_memory=not self.same_memory)
+        self.host = host.numpy()
         self.token_ids, self.slots, self.positions, self.context, self._flat_pos = self.host
         self.checked = self.host[:3].view(np.uint64)  # token ids, slots, positions: negatives read as huge
         self._from_pos = self.host[2:]  # [3, n]: positions, context lengths, flat positions ...
@@ -50,10 +54,9 @@ class _DecodeInputs:
         self._pos_offsets[1] = 1
         self._scratch = np.empty(n, dtype=np.int64)
         self._device = device
-        self._host = torch.from_numpy(self.host[:4])
+        self._host = host[:4]
         self._host_on_device = self._host.to(device)  # [4, n]; the host array itself on the CPU
         self.on_device = tuple(self._host_on_device)  # its rows, as tensors made once
-        self.same_memory = device.type == "cpu"  # nothing to upload
         # ufuncs over two arrays: a Python scalar operand costs more than the operation on a few hundred elements
         self.block_size, self._block_sizes = block_size, np.full(n, block_size)
         if block_size & (block_size - 1) == 0:  # a power of two, as block sizes are: shift and mask
@@ -69,7 +72,7 @@ class _DecodeInputs:
         self.bad_block = False  # some block id lies outside the cache
         self._tables = np.empty((n, 0), dtype=np.int64)  # [n, max_blocks]: that array, or a contiguous copy of it
         self._tables_flat = self._tables.reshape(-1)  # ... flattened
-        self._tables_host = torch.from_numpy(self._tables)  # ... as a tensor (the same memory)
+        self._tables_host = torch.from_numpy(self._tables)  # ... as a tensor (the same memory; on CUDA a pinned copy)
         self._tables_on_device = self._tables_host.to(device)  # ... on the device (on the CPU: itself)
         self.width = 0  # columns of table_tensor
         self.table_tensor = self._tables_on_device  # [n, width]: the first columns of _tables_on_device
@@ -85,8 +88,11 @@ class _DecodeInputs:
         self.bad_block = bool(np.maximum.reduce(tables, None) >= num_blocks)
         self._tables = np.require(tables, np.int64, "CW")
         self._tables_flat = self._tables.reshape(-1)
-        self._tables_host = torch.from_numpy(self._tables)
-        self._tables_on_device = self._tables_host if self.same_memory else self._tables_host.to(self._device)
+        if self.same_memory:
+            self._tables_host = self._tables_on_device = torch.from_numpy(self._tables)
+        elif self._tables_host.shape != self._tables.shape:  # buffers of this shape, kept while it lasts
+            self._tables_host = torch.empty(self._tables.shape, dtype=torch.int64, pin_memory=True)
+            self._tables_on_device = torch.empty(self._tables.shape, dtype=torch.int64, device=self._device)
         np.multiply(self.rows, tables.shape[1] * self.block_size, self._pos_offsets[2])
         self.width, self.prepared = 0, None
         if self._tables is tables:
@@ -115,9 +121,14 @@ class _DecodeInputs:
         self.table_tensor = self._tables_on_device[:, :width]
 
     def upload(self) -> None:
-        """Copy the host rows and the block tables to the device, where `on_device` and `table_tensor` hold them."""
-        self._host_on_device.copy_(self._host)
-        self._tables_on_device.copy_(self._tables_host)
+        """Copy the host rows and the block tables to the device, where `on_device` and `table_tensor` hold them.
+
+        The copies are queued before the forward pass's kernels on the same stream, from pinned memory
+        that nothing writes until that forward pass has synchronized.
+        """
+        np.copyto(self._tables_host.numpy(), self._tables)
+        self._host_on_device.copy_(self._host, non_blocking=True)
+        self._tables_on_device.copy_(self._tables_host, non_blocking=True)
 
 
 class TorchRunner:
