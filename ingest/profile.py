@@ -156,6 +156,7 @@ def summary_lines(result: ProfileResult) -> list[str]:
     if run is not None and (steps, payloads) != (run[0], run[0]):
         lines.append(f"warning   the run log has {run[0]:,} iterations but the capture {steps:,} step ranges "
                      f"carrying {payloads:,} iteration numbers")
+    lines += [f"note      {note}" for note in ingested.notes]
     return lines
 
 

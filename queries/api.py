@@ -139,6 +139,8 @@ def set_params(con: duckdb.DuckDBPyConnection, params: dict[str, str]) -> None:
                 raise UserError(f"parameter {name} must be an integer, not {value!r}") from None
             if not -2**63 <= typed < 2**63:
                 raise UserError(f"parameter {name} is out of range (a 64-bit integer), not {value!r}")
+            if param.minimum is not None and typed < param.minimum:
+                raise UserError(f"parameter {name} must be at least {param.minimum}, not {value!r}")
         elif param.type == "DOUBLE":
             try:
                 typed = float(value)

@@ -27,7 +27,8 @@ SOURCE_TABLES: dict[str, str] = {
     "run_iterations": RUN, "run_events": RUN, "run_requests": RUN, "run_meta": RUN,
 }
 
-_PARAM = re.compile(r"^--\s*@param\s+(\w+)\s+(VARCHAR|BIGINT|DOUBLE)\s+(?:\(([\w|]+)\)\s+)?(.*)$")
+# -- @param NAME TYPE [(a|b|c) or (>=N)] doc: the allowed values, or an integer's least value
+_PARAM = re.compile(r"^--\s*@param\s+(\w+)\s+(VARCHAR|BIGINT|DOUBLE)\s+(?:\((?:>=(-?\d+)|([\w|]+))\)\s+)?(.*)$")
 _DEFINES = re.compile(r"^CREATE (MACRO|VIEW) (\w+)", re.IGNORECASE | re.MULTILINE)
 _READS = re.compile(r"\b(?:FROM|JOIN)\s+(\w+)", re.IGNORECASE)
 _CALLS = re.compile(r"\b(\w+)\(")
@@ -42,6 +43,7 @@ class Param:
     type: str  # VARCHAR, BIGINT or DOUBLE
     choices: tuple[str, ...]  # allowed values; empty for any
     doc: str
+    minimum: int | None = None  # BIGINT: the least value allowed; None for any
 
 
 @dataclass(frozen=True)
@@ -83,8 +85,9 @@ def _header(sql: str) -> tuple[str, tuple[Param, ...]]:
             break
         text = line[2:].strip()
         if m := _PARAM.match(line):
-            choices = tuple(m.group(3).split("|")) if m.group(3) else ()
-            params.append(Param(m.group(1), m.group(2), choices, m.group(4).strip()))
+            choices = tuple(m.group(4).split("|")) if m.group(4) else ()
+            minimum = int(m.group(3)) if m.group(3) is not None else None
+            params.append(Param(m.group(1), m.group(2), choices, m.group(5).strip(), minimum))
         elif not text:
             paragraph_done = paragraph_done or bool(lines)
         elif not paragraph_done:

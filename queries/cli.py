@@ -50,8 +50,18 @@ def _common(parser: argparse.ArgumentParser) -> None:
                              "(repeatable)")
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
     parser.add_argument("--out", type=Path, metavar="FILE", help="write to FILE instead of standard output")
-    parser.add_argument("--max-rows", type=int, default=40, metavar="N",
+    parser.add_argument("--max-rows", type=_row_count, default=40, metavar="N",
                         help="rows the table format shows on a terminal (default %(default)s)")
+
+
+def _row_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of rows, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more rows, not {value}")
+    return value
 
 
 def run_query(args: argparse.Namespace) -> int:
@@ -91,9 +101,17 @@ def run_query(args: argparse.Namespace) -> int:
 def run_sql(args: argparse.Namespace) -> int:
     from itertrace.queries.api import QueryDB
 
+    import duckdb
+
     statement = args.statement.strip().rstrip(";")
     if not statement:
         raise UserError("sql: the statement is empty; give one, e.g. \"SELECT * FROM host_gaps_summary\"")
+    try:
+        count = len(duckdb.extract_statements(statement))
+    except duckdb.Error:
+        count = 1  # a syntax error: DuckDB says where when the statement runs
+    if count > 1:
+        raise UserError(f"sql: {count} statements given; give one (one `itertrace sql` per statement)")
     with QueryDB(_db(args), parse_params(args.param)) as db:
         rows = _write(db, statement, args)
     _done(rows, args.out)
@@ -109,7 +127,7 @@ def describe(name: str) -> str:
     if query.params:
         lines += ["", "parameters (--param KEY=VALUE):"]
         lines += [f"  {p.name}: {p.doc}" + (f" One of: {', '.join(p.choices)}." if p.choices else "")
-                  for p in query.params]
+                  + (f" At least {p.minimum}." if p.minimum is not None else "") for p in query.params]
     lines += ["", f"needs tables: {', '.join(query.tables)}", f"defined in: queries/{query.module.name}.sql"]
     return "\n".join(lines)
 

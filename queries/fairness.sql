@@ -1,7 +1,7 @@
 -- Fairness, from the run log: per request its longest stall, preemptions and resumptions, and the
 -- progress of one request (by default the longest) under a stream of others.
 --
--- @param repeat_threshold BIGINT Preemptions from which a request counts as repeatedly preempted; 2 when not given.
+-- @param repeat_threshold BIGINT (>=1) Preemptions from which a request counts as repeatedly preempted; 2 when not given.
 -- @param request_id BIGINT The request fairness_progress follows; the one with the most output tokens (then the lowest id) when not given.
 
 -- One row per request: stalls, preemptions and resumptions.

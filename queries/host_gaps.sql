@@ -23,7 +23,7 @@
 -- iteration may be NULL, for a step the mapping cannot number. host_gaps_parts lists the gaps in
 -- host_gaps' order, each gap's parts by phase name with `unattributed` last.
 --
--- @param limit BIGINT How many gaps host_gaps_worst lists; 10 when not given.
+-- @param limit BIGINT (>=0) How many gaps host_gaps_worst lists; 10 when not given.
 
 -- The gaps, in no particular order (host_gaps sorts them). gap_seq, the gap's place on its track,
 -- is the key the views below join gaps on: an iteration may be NULL (a step the mapping cannot number).

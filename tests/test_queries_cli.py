@@ -47,6 +47,7 @@ def test_describe_shows_columns_and_parameters(capsys):
     rc, out, _ = _run(capsys, "query", "host_gaps_worst", "--describe")
     assert rc == 0
     assert "top_phase" in out and "limit:" in out and "step_pattern:" in out and "needs tables: nvtx_ranges" in out
+    assert "limit: How many gaps host_gaps_worst lists; 10 when not given. At least 0." in out
 
 
 def test_every_public_column_is_documented():
@@ -128,6 +129,11 @@ def test_install_writes_documented_views_any_duckdb_client_can_read(capsys, run_
     (["query", "fairness", "--db", "{db}", "--param", "repeat_threshold=99999999999999999999"],
      "parameter repeat_threshold is out of range"),
     (["sql", "--db", "{db}", " ; "], "sql: the statement is empty"),
+    (["sql", "--db", "{db}", "SELECT 1; SELECT 2"], "sql: 2 statements given; give one"),
+    (["query", "host_gaps_worst", "--db", "{db}", "--param", "limit=-1"], "parameter limit must be at least 0, not '-1'"),
+    (["query", "fairness", "--db", "{db}", "--param", "repeat_threshold=0"], "repeat_threshold must be at least 1"),
+    (["query", "membership", "--db", "{db}", "--max-rows", "-1"], "--max-rows: expected 0 or more rows, not -1"),
+    (["query", "membership", "--db", "{db}", "--max-rows", "many"], "expected a whole number of rows, not 'many'"),
     (["sql", "--db", "{db}", "-- a comment"], "no rows to show"),
     (["query", "membership", "--db", "{db}", "--format", "csv", "--out", "{db}"], "is the database itself"),
 ])
