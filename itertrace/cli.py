@@ -48,6 +48,16 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except Exception as exc:
+        if not _interrupted(exc):
+            raise
+        print("itertrace: interrupted", file=sys.stderr)
+        return 130
+
+
+def _interrupted(exc: Exception) -> bool:
+    """Ctrl-C inside a DuckDB query: DuckDB raises its own error instead of KeyboardInterrupt."""
+    return type(exc).__name__ == "InterruptException" or str(exc) == "Query interrupted"
 
 
 if __name__ == "__main__":

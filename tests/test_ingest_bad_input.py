@@ -135,3 +135,24 @@ def test_missing_db_flag(tmp_path, capsys):
     line = fails(capsys, "ingest", str(small_export(tmp_path / "x.arrow")))
     assert "--db" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.arrow"]
+
+
+@pytest.mark.parametrize("how", ["duckdb", "arrow scan"])
+def test_ctrl_c_inside_a_duckdb_query_is_one_line_and_leaves_the_old_database(tmp_path, target, capsys,
+                                                                              monkeypatch, how):
+    """DuckDB turns Ctrl-C during a query into its own error (InterruptException; RuntimeError from an
+    Arrow scan), not KeyboardInterrupt: the CLI still says `interrupted`, exits 130 and removes its work."""
+    import threading
+
+    from itertrace.ingest.loader import LoadContext
+
+    def interrupted_write(self, schema, table, name=None):
+        if how == "arrow scan":
+            raise RuntimeError("Query interrupted")
+        threading.Timer(0.1, self.con.interrupt).start()
+        self.con.execute("SELECT count(*) FROM range(100000000000) t(x) WHERE x % 7 = 3").fetchall()
+
+    monkeypatch.setattr(LoadContext, "write_table", interrupted_write)
+    assert main(["ingest", str(small_export(tmp_path / "export.arrow")), "--db", str(target), "--quiet"]) == 130
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines() == ["itertrace: interrupted"] and captured.out == ""
