@@ -73,7 +73,7 @@ class AttentionMetadata:
     def inputs_rewritten(self) -> None:
         """Its tensors were rewritten in place (a runner reusing its inputs): drop what was derived from them."""
         self.__dict__.pop("decode_keys", None)  # the cached_properties' values
-        self.__dict__.pop("decode_segments", None)
+        self.__dict__.pop("decode_places", None)
 
     @cached_property
     def decode_keys(self) -> tuple[Tensor, Tensor, Tensor]:
@@ -90,36 +90,44 @@ class AttentionMetadata:
         return tables[seq, j], seq, past
 
     @cached_property
-    def decode_segments(self) -> Tensor:
-        """[D, W] the place of each decode's blocks in the flat list of `decode_keys`, padded with B.
-
-        W is the most blocks any decode holds. Summing a [B, ...] tensor over each decode's blocks as
-        a gather through this index and a sum over its second axis takes the same steps on every run,
-        where `index_add_` on CUDA adds with atomics, in an order that changes from run to run.
-        """
+    def decode_places(self) -> tuple[Tensor, Tensor]:
+        """Each block's place among its decode's blocks in `decode_keys` [B], and each decode's block count [D]."""
         _, seq, _ = self.decode_keys
         held = torch.bincount(seq, minlength=len(self.decode_context_lens))  # [D]
-        place = torch.arange(len(seq), device=seq.device) - (torch.cumsum(held, 0) - held)[seq]  # [B]
-        index = torch.full((len(held), int(held.max())), len(seq), dtype=torch.int64, device=seq.device)
-        index[seq, place] = torch.arange(len(seq), device=seq.device)
-        return index
+        return torch.arange(len(seq), device=seq.device) - (torch.cumsum(held, 0) - held)[seq], held
 
 
 def segment_sum(x: Tensor, seq: Tensor, meta: AttentionMetadata) -> Tensor:
     """[D, ...] the sum of the rows of x ([B, ...], grouped by decode as in `decode_keys`) over each decode.
 
     The same value on every run: on the CPU `index_add_` adds in order; on CUDA it adds with atomics,
-    so there the rows go through `decode_segments` instead.
+    in an order that changes from run to run, so there the rows go through `tree_segment_sum`.
     """
     if x.device.type == "cpu":
         return torch.zeros((len(meta.decode_context_lens), *x.shape[1:]), dtype=x.dtype).index_add_(0, seq, x)
-    return gathered_segment_sum(x, meta)
+    return tree_segment_sum(x, meta)
 
 
-def gathered_segment_sum(x: Tensor, meta: AttentionMetadata) -> Tensor:
-    """`segment_sum` as a gather through `decode_segments` and a sum: on any device, the same steps every run."""
-    padded = torch.cat((x, x.new_zeros((1, *x.shape[1:]))))  # row B: zeros, for the padding
-    return padded[meta.decode_segments].sum(1)
+def tree_segment_sum(x: Tensor, meta: AttentionMetadata) -> Tensor:
+    """`segment_sum` in a fixed order on any device: a pairwise tree within each decode's blocks.
+
+    At each step a block whose place is a multiple of 2 * step adds the block `step` places after it
+    (if its decode holds one), so after ceil(log2(W)) steps (W: the tables' width) each decode's first
+    block holds its sum. Every step is elementwise over the B blocks, so the cost stays linear in the
+    blocks read (times log2 W), whatever the mix of long and short contexts.
+    """
+    place, held = meta.decode_places  # [B], [D]
+    n = len(place)
+    count = held[meta.decode_keys[1]]  # [B] blocks of each block's decode
+    rows = torch.arange(n, device=x.device)
+    shape = (n,) + (1,) * (x.dim() - 1)
+    step = 1
+    while step < meta.decode_block_tables.shape[1]:
+        adds = (place % (2 * step) == 0) & (place + step < count)  # [B]
+        x = torch.where(adds.view(shape), x + x.index_select(0, torch.where(adds, rows + step, rows)), x)
+        step *= 2
+    first = torch.where(held > 0, torch.cumsum(held, 0) - held, n)  # [D] each decode's first block; n: none
+    return torch.cat((x, x.new_zeros((1, *x.shape[1:])))).index_select(0, first)
 
 
 # Keys one step of decode attention reads at a time: 1024 keys x 4 heads x 64 dims in float32 is 1 MiB

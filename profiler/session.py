@@ -71,6 +71,8 @@ def make_runner(spec: RunSpec):
             try:
                 kind = torch.device(m.device).type
             except RuntimeError:
+                kind = None
+            if kind not in ("cpu", "cuda"):
                 raise UserError(f"--device {m.device!r}: expected cpu or cuda") from None
             if kind == "cuda" and not torch.cuda.is_available():
                 raise UserError(f"--device {m.device}: torch finds no CUDA device here")

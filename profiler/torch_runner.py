@@ -45,7 +45,7 @@ class _DecodeInputs:
         # start of the flattened tables (row i starts at i * max_blocks * block_size), not uploaded
         self.same_memory = device.type == "cpu"  # nothing to upload
         # on CUDA in pinned memory, so that its upload need not wait for the copy
-        host = torch.zeros((5, n), dtype=torch.int64, pin_memory=not self.same_memory)
+        host = torch.zeros((5, n), dtype=torch.int64, pin_memory=device.type == "cuda")
         self.host = host.numpy()
         self.token_ids, self.slots, self.positions, self.context, self._flat_pos = self.host
         self.checked = self.host[:3].view(np.uint64)  # token ids, slots, positions: negatives read as huge
@@ -157,6 +157,8 @@ class TorchRunner:
         if num_blocks <= 0 or block_size <= 0 or swap_blocks < 0:
             raise ValueError(f"bad cache size: {num_blocks=} {block_size=} {swap_blocks=}")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if self.device.type not in ("cpu", "cuda"):  # what it synchronizes, uploads and pins is for these two
+            raise ValueError(f"device {self.device}: the torch runner runs on cpu or cuda")
         if checkpoint is not None:
             self.model = load_checkpoint(checkpoint, device=self.device)
         else:

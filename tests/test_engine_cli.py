@@ -81,7 +81,8 @@ def test_bad_flags_get_one_line_and_status_2(argv, needle, capsys):
 def test_torch_runner_flags_it_cannot_use_get_one_line_and_leave_no_run_dir(tmp_path, capsys):
     for argv, needle in [(["--hidden", "100", "--heads", "3"], "--heads 3, --kv-heads 4: hidden_size 100 is not a multiple"),
                          (["--heads", "4", "--kv-heads", "3"], "--kv-heads 3: num_heads 4 is not a multiple"),
-                         (["--device", "bogus"], "--device 'bogus': expected cpu or cuda")]:
+                         (["--device", "bogus"], "--device 'bogus': expected cpu or cuda"),
+                         (["--device", "meta"], "--device 'meta': expected cpu or cuda")]:
         rc, out, err = _run(capsys, "run", "--runner", "torch", *argv, "--num-requests", "2",
                             "--out", str(tmp_path / "r"))
         assert rc == 2 and out == "" and err.count("\n") == 1 and needle in err, err

@@ -157,7 +157,7 @@ def test_transformers_5_rope_parameters_are_read(tmp_path: Path) -> None:
         load_checkpoint(tmp_path)
 
 
-@pytest.mark.parametrize("summed", ["index_add", "gathered"])  # gathered: how CUDA sums, here on the CPU
+@pytest.mark.parametrize("summed", ["index_add", "tree"])  # tree: how CUDA sums, here on the CPU
 @pytest.mark.parametrize("chunk_keys", [4, 1024])
 @pytest.mark.parametrize("heads, kv_heads", [(4, 4), (8, 2)])
 def test_decode_attention_reads_each_context_exactly(monkeypatch, chunk_keys, heads, kv_heads, summed) -> None:
@@ -166,8 +166,8 @@ def test_decode_attention_reads_each_context_exactly(monkeypatch, chunk_keys, he
     from itertrace.profiler.model import Attention, AttentionMetadata
 
     monkeypatch.setattr(model_mod, "DECODE_CHUNK_KEYS", chunk_keys)
-    if summed == "gathered":
-        monkeypatch.setattr(model_mod, "segment_sum", lambda x, seq, meta: model_mod.gathered_segment_sum(x, meta))
+    if summed == "tree":
+        monkeypatch.setattr(model_mod, "segment_sum", lambda x, seq, meta: model_mod.tree_segment_sum(x, meta))
     config = ModelConfig(hidden_size=64, num_heads=heads, num_kv_heads=kv_heads, intermediate_size=96)
     attn, hd, bs = Attention(config), config.head_dim, 4
     gen = torch.Generator().manual_seed(0)
@@ -185,3 +185,25 @@ def test_decode_attention_reads_each_context_exactly(monkeypatch, chunk_keys, he
         values = v_cache[tables[i]].flatten(0, 1)[:n].repeat_interleave(heads // kv_heads, dim=1)
         weights = torch.einsum("hd,nhd->hn", q[i], keys).div(math.sqrt(hd)).softmax(-1)
         torch.testing.assert_close(got[i], torch.einsum("hn,nhd->hd", weights, values), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("lens", [[1, 9, 4, 23], [0, 5, 0], [4096] + [1] * 255, [33, 17, 64, 1, 2, 3, 100]])
+def test_tree_segment_sum_equals_index_add(lens) -> None:
+    """The fixed-order sum CUDA uses adds each decode's blocks exactly as index_add_ does (up to rounding),
+    for ragged decodes, decodes holding no block, and one long context among many short ones."""
+    from itertrace.profiler.model import AttentionMetadata, segment_sum, tree_segment_sum
+
+    bs = 16
+    lens_t = torch.tensor(lens)
+    width = max(1, -(-max(lens) // bs))
+    tables = torch.arange(len(lens) * width).view(len(lens), width)
+    meta = AttentionMetadata(slot_mapping=torch.zeros(0, dtype=torch.long), block_size=bs, prefill_query_ranges=[],
+                             prefill_block_tables=[], prefill_context_lens=[], prefill_masks=[],
+                             decode_rows=torch.arange(len(lens)), decode_block_tables=tables, decode_context_lens=lens_t)
+    _, seq, _ = meta.decode_keys
+    x = torch.randn(len(seq), 2, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    want = segment_sum(x, seq, meta)  # index_add_ on the CPU
+    got = tree_segment_sum(x, meta)
+    assert got.shape == (len(lens), 2, 3)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert torch.equal(got[lens_t == 0], torch.zeros_like(got[lens_t == 0]))
