@@ -1,7 +1,7 @@
 """The query library as files: each `.sql` module's views, macros, parameters and what it reads.
 
 A module is one `.sql` file that only defines things (macros and views) and produces nothing when
-run. Its first comment block documents it; `-- @param NAME TYPE [(a|b)] text` lines declare the
+run. Its first comment block documents it; `-- @param NAME TYPE [(a|b) or (>=N)] text` lines declare the
 parameters its views read with `getvariable('NAME')`. Public views are named after their module
 (`host_gaps`, `host_gaps_parts`, ...); helpers start with `_`. Which other modules and which
 database tables a module reads is found from the names in its SQL, so the order of installation
@@ -27,7 +27,6 @@ SOURCE_TABLES: dict[str, str] = {
     "run_iterations": RUN, "run_events": RUN, "run_requests": RUN, "run_meta": RUN,
 }
 
-# -- @param NAME TYPE [(a|b|c) or (>=N)] doc: the allowed values, or an integer's least value
 _PARAM = re.compile(r"^--\s*@param\s+(\w+)\s+(VARCHAR|BIGINT|DOUBLE)\s+(?:\((?:>=(-?\d+)|([\w|]+))\)\s+)?(.*)$")
 _DEFINES = re.compile(r"^CREATE (MACRO|VIEW) (\w+)", re.IGNORECASE | re.MULTILINE)
 _READS = re.compile(r"\b(?:FROM|JOIN)\s+(\w+)", re.IGNORECASE)

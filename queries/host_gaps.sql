@@ -9,7 +9,8 @@
 -- own, leave it a leaf). Leaves on one thread never overlap (push/pop ranges nest), so the parts of
 -- a gap never count an instant twice, and what no leaf covers is the `unattributed` part: the parts
 -- of a gap always add up to the gap. Start/end ranges, which may overlap, take no part; a leaf
--- still open when the capture stopped covers everything after its start.
+-- still open when the capture stopped covers everything after its start. A range whose phase name
+-- would be `unattributed` is no phase: its time stays in the gap's one unattributed part.
 --
 -- How the parts are computed (with joins that DuckDB runs on all cores, not per-row joins): gaps
 -- are disjoint, and so are leaves, so a leaf and a gap overlap exactly when the leaf starts inside
@@ -75,7 +76,7 @@ FROM _host_gaps_unordered
 ORDER BY global_tid, gap_end_ns, iteration;
 
 -- The host phases: each distinct range text that matches the phase pattern, its phase name, and the
--- phase's place in the order of host_gaps_parts (by name, `unattributed` last). The pattern and name
+-- phase's place in the order of host_gaps_parts (by name; `unattributed` comes after all). The pattern and name
 -- are worked out once per distinct text, not once per range (a trace holds millions of ranges but
 -- few names); the texts go through a list so that the pattern is not pushed down to every range.
 CREATE VIEW _host_gaps_phase_names AS
@@ -86,8 +87,9 @@ WITH
     FROM texts
     WHERE regexp_matches(text, mapping_phase_pattern())
   )
-SELECT text, phase, dense_rank() OVER (ORDER BY phase = 'unattributed', phase)::INTEGER AS phase_rank
-FROM names;
+SELECT text, phase, dense_rank() OVER (ORDER BY phase)::INTEGER AS phase_rank
+FROM names
+WHERE phase <> 'unattributed';
 
 -- The host-phase leaves of the tracks' threads (see the notes at the top of this file); a leaf
 -- still open when the capture stopped ends last.

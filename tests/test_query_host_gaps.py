@@ -391,6 +391,21 @@ def test_worst_gaps_with_their_top_phase(trace):
     assert trace.query("host_gaps_worst", {"limit": "1"}) == [(1, TID_A, 0, 2, 130, "forward", 60)]
 
 
+def test_a_phase_named_unattributed_is_no_phase(trace):
+    """A range whose phase name would be `unattributed` (the generic preset takes every range as a phase)
+    leaves its time in the gap's one unattributed part, instead of a second part of that name."""
+    trace.load({"nvtx_ranges": [push_pop(1, "it_0", 0, 100, domain="d"),
+                                push_pop(2, "unattributed", 30, 50, parent=1, depth=1, domain="d"),
+                                push_pop(3, "sample", 50, 60, parent=1, depth=1, domain="d"),
+                                push_pop(4, "it_1", 100, 200, domain="d")],
+                "nvtx_gpu_projection": [projection(1, 0, 20, 1), projection(4, 120, 130, 1)]})
+    params = {"preset": "generic", "step_pattern": "^it_", "iteration_from": "order",
+              "phase_pattern": "^(sample|unattributed)$"}
+    assert trace.query("host_gaps_parts", params) == [(TID_A, 1, "sample", 10), (TID_A, 1, "unattributed", 90)]
+    assert [row[:3] for row in trace.query("host_gaps_by_phase", params)] == [("sample", 1, 1), ("unattributed", 1, 1)]
+    assert trace.query("host_gaps_worst", params) == [(1, TID_A, 0, 1, 100, "unattributed", 90)]
+
+
 def test_worst_gaps_of_equal_length_rank_by_track_then_iteration(trace):
     # Gaps of 80 on both tracks: track A's two (iterations 1 and 2) first, then track C's.
     ranges = []
