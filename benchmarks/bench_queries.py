@@ -31,9 +31,10 @@ Usage: python benchmarks/bench_queries.py [--iterations N] [--repeat R] [--threa
 
 Measured at 1,000,448 iterations (2026-11-30), gap attribution by two ASOF joins (host_gaps.sql), which
 DuckDB runs on all cores:
-- 16 cores (the H200 machine's host, load 0.4, `benchmarks/gpu_check.sh`, --repeat 2): gap attribution
-  SQL 1.05 s best (1.13 first; 11.9 CPU-s, peak RSS 2.8 GiB) against pandas with loading 12.25 s (8.61
-  without; peak 3.7 GiB): x11.7 (x8.2 against pandas alone); TTFT 0.03 s against 0.50 s (x16.1).
+- 16 cores (the H200 machine's host, `benchmarks/gpu_check.sh`, --repeat 2), two runs: gap attribution
+  SQL 1.05 and 0.99 s best (1.13 and 1.01 first; 11.5-11.9 CPU-s, peak RSS 2.8 GiB) against pandas with
+  loading 12.25 and 11.43 s (8.61 and 8.31 without; peak 3.7 GiB): x11.7 and x11.5 (x8.2 and x8.4
+  against pandas alone); TTFT 0.03 and 0.02 s against 0.50 and 0.38 s (x16.1 and x16.2).
 - 2 cores (this development machine, load 0.5-1.7, --repeat 3): gap attribution SQL 6.48 s best (11.9
   CPU-s, peak 2.6 GiB) against pandas with loading 12.76 s: x2.0; TTFT 0.07 s against 0.75 s (x10.3).
 The formulation before (one sort of a track's phase ranges and gaps, walked once with running windows
