@@ -5,6 +5,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from itertrace.argtypes import at_least
+
 # DuckDB and pyarrow are imported by the commands that use them, not to build the parser.
 BATCH_ROWS = 65_536  # IngestOptions.batch_rows, written out for that reason (a test checks they agree)
 
@@ -22,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("sources", nargs="+", type=Path, metavar="SOURCE",
                         help="report, export file or folder, or an itertrace run directory")
     parser.add_argument("--db", required=True, type=Path, metavar="FILE", help="database to write (replaced on success)")
-    parser.add_argument("--batch-rows", type=_positive, default=BATCH_ROWS, metavar="N",
+    parser.add_argument("--batch-rows", type=at_least(1), default=BATCH_ROWS, metavar="N",
                         help="rows per batch streamed into DuckDB (default %(default)s)")
     parser.add_argument("--memory-limit", metavar="SIZE", help="DuckDB memory limit, e.g. 2GB (default: DuckDB's)")
     parser.add_argument("--nsys", metavar="PATH", help="nsys executable for .nsys-rep sources (default: on PATH)")
@@ -83,10 +85,3 @@ def run(args: argparse.Namespace) -> int:
     for note in result.notes:
         print(f"itertrace: note: {note}", file=sys.stderr)
     return 0
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text}")
-    return value

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from itertrace.argtypes import at_least
 from itertrace.errors import UserError
 
 # The engine (numpy, pyarrow) is imported by the commands that run it, not to build the parser:
@@ -32,12 +33,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     _engine_flags(p)
     p.add_argument("--workload", default="synthetic",
                    help=f"one of {', '.join(WORKLOADS)}, or a trace file (.csv Azure format, .jsonl)")
-    p.add_argument("--num-requests", type=_positive, default=64, help="synthetic and slot-time workloads")
+    p.add_argument("--num-requests", type=at_least(1), default=64, help="synthetic and slot-time workloads")
     p.add_argument("--rate", type=float, default=0.0, help="synthetic arrivals per second (0: all at once)")
     p.add_argument("--cv", type=float, default=1.0, help="gamma inter-arrival coefficient of variation (1: Poisson)")
     p.add_argument("--prompt-len", default="128", help="N, uniform:LO:HI or choice:A,B@PA,PB")
     p.add_argument("--output-len", default="128", help="N, uniform:LO:HI or choice:A,B@PA,PB")
-    p.add_argument("--limit", type=_positive, help="trace files: read at most this many requests")
+    p.add_argument("--limit", type=at_least(1), help="trace files: read at most this many requests")
     p.add_argument("--time-scale", type=_scale, default=1.0, help="trace files: divide arrival times by this")
     p.add_argument("--out", type=Path, help="run directory to create (default: runs/<time>)")
     p.add_argument("--format", choices=("table", "json"), default="table")
@@ -46,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     e = sub.add_parser("experiment", help="the seed's experiments: worked-example, slot-time, fairness")
     e.add_argument("name", choices=("worked-example", "slot-time", "fairness"))
     _engine_flags(e)
-    e.add_argument("--requests", type=_positive, help="slot-time: requests per workload "
+    e.add_argument("--requests", type=at_least(1), help="slot-time: requests per workload "
                    "(default 4000 simulated; 48 torch, beside the simulated runner fitted here at 48 and 4000)")
     e.add_argument("--out", type=Path, help="also write each run's logs under this directory")
     e.add_argument("--format", choices=("table", "json"), default="table")
@@ -56,16 +57,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     _engine_flags(c)
     c.add_argument("--out", type=Path, default=Path("cost-model.json"))
     c.set_defaults(func=cmd_calibrate)
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def _share(text: str) -> float:
@@ -92,27 +83,27 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("scheduler")
     g.add_argument("--mode", choices=MODES, default="continuous")
     g.add_argument("--policy", choices=POLICIES, default="fcfs")
-    g.add_argument("--capacity", type=_positive, default=16, help="sequence budget: slots per batch")
-    g.add_argument("--token-budget", type=_positive, default=2048, help="tokens per iteration")
+    g.add_argument("--capacity", type=at_least(1), default=16, help="sequence budget: slots per batch")
+    g.add_argument("--token-budget", type=at_least(1), default=2048, help="tokens per iteration")
     g.add_argument("--no-chunked-prefill", action="store_true", help="a prompt must fit one iteration")
     g.add_argument("--decode-reserve", type=_share, default=0.0, help="share of the token budget prefill never uses")
     g.add_argument("--preemption", choices=PREEMPTIONS, default="recompute")
-    g.add_argument("--aging", type=_positive, default=256, help="priority policy: iterations of waiting worth one class")
+    g.add_argument("--aging", type=at_least(1), default=256, help="priority policy: iterations of waiting worth one class")
     k = p.add_argument_group("KV cache")
-    k.add_argument("--block-size", type=_positive, default=16)
-    k.add_argument("--num-blocks", type=_positive, default=4096)
+    k.add_argument("--block-size", type=at_least(1), default=16)
+    k.add_argument("--num-blocks", type=at_least(1), default=4096)
     k.add_argument("--swap-blocks", type=int, default=0, help="swap pool size, for --preemption swap")
     r = p.add_argument_group("runner")
     r.add_argument("--runner", choices=("simulated", "torch"), default="simulated")
     r.add_argument("--cost", type=Path, help="simulated runner: cost model from `itertrace calibrate`")
-    r.add_argument("--hidden", type=_positive, default=256)
-    r.add_argument("--layers", type=_positive, default=4)
-    r.add_argument("--heads", type=_positive, default=4)
-    r.add_argument("--kv-heads", type=_positive, default=4)
-    r.add_argument("--intermediate", type=_positive, default=688)
+    r.add_argument("--hidden", type=at_least(1), default=256)
+    r.add_argument("--layers", type=at_least(1), default=4)
+    r.add_argument("--heads", type=at_least(1), default=4)
+    r.add_argument("--kv-heads", type=at_least(1), default=4)
+    r.add_argument("--intermediate", type=at_least(1), default=688)
     r.add_argument("--checkpoint", help="torch runner: a local Llama-style checkpoint directory")
     r.add_argument("--device", help="torch runner: cpu or cuda (default: cuda when present)")
-    r.add_argument("--threads", type=_positive, help="torch runner: CPU threads (default: torch's, one per core)")
+    r.add_argument("--threads", type=at_least(1), help="torch runner: CPU threads (default: torch's, one per core)")
     r.add_argument("--seed", type=int, default=0)
 
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from itertrace.argtypes import at_least
 from itertrace.errors import UserError
 from itertrace.queries.catalog import all_params, modules, queries
 
@@ -50,18 +51,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
                              "(repeatable)")
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
     parser.add_argument("--out", type=Path, metavar="FILE", help="write to FILE instead of standard output")
-    parser.add_argument("--max-rows", type=_row_count, default=40, metavar="N",
+    parser.add_argument("--max-rows", type=at_least(0), default=40, metavar="N",
                         help="rows the table format shows on a terminal (default %(default)s)")
-
-
-def _row_count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of rows, not {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected 0 or more rows, not {value}")
-    return value
 
 
 def run_query(args: argparse.Namespace) -> int:

@@ -55,7 +55,9 @@ def test_run_refuses_a_non_empty_out_dir_and_leaves_it_alone(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["run", "--capacity", "0"], "--capacity"),
+    (["run", "--capacity", "0"], "--capacity: expected an integer of at least 1, not 0"),
+    (["run", "--num-requests", "many"], "--num-requests: expected an integer of at least 1, not 'many'"),
+    (["ingest", "x", "--db", "y", "--batch-rows", "abc"], "--batch-rows: expected an integer of at least 1, not 'abc'"),
     (["run", "--policy", "lottery"], "--policy"),
     (["run", "--decode-reserve", "1.5"], "--decode-reserve"),
     (["run", "--workload", "nonsense"], "--workload"),

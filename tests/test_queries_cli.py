@@ -132,8 +132,7 @@ def test_install_writes_documented_views_any_duckdb_client_can_read(capsys, run_
     (["sql", "--db", "{db}", "SELECT 1; SELECT 2"], "sql: 2 statements given; give one"),
     (["query", "host_gaps_worst", "--db", "{db}", "--param", "limit=-1"], "parameter limit must be at least 0, not '-1'"),
     (["query", "fairness", "--db", "{db}", "--param", "repeat_threshold=0"], "repeat_threshold must be at least 1"),
-    (["query", "membership", "--db", "{db}", "--max-rows", "-1"], "--max-rows: expected 0 or more rows, not -1"),
-    (["query", "membership", "--db", "{db}", "--max-rows", "many"], "expected a whole number of rows, not 'many'"),
+    (["query", "membership", "--db", "{db}", "--max-rows", "-1"], "--max-rows: expected an integer of at least 0, not -1"),
     (["sql", "--db", "{db}", "-- a comment"], "no rows to show"),
     (["query", "membership", "--db", "{db}", "--format", "csv", "--out", "{db}"], "is the database itself"),
 ])
