@@ -73,7 +73,7 @@ class AttentionMetadata:
     def inputs_rewritten(self) -> None:
         """Its tensors were rewritten in place (a runner reusing its inputs): drop what was derived from them."""
         self.__dict__.pop("decode_keys", None)  # the cached_properties' values
-        self.__dict__.pop("decode_places", None)
+        self.__dict__.pop("decode_tree", None)
 
     @cached_property
     def decode_keys(self) -> tuple[Tensor, Tensor, Tensor]:
@@ -90,11 +90,25 @@ class AttentionMetadata:
         return tables[seq, j], seq, past
 
     @cached_property
-    def decode_places(self) -> tuple[Tensor, Tensor]:
-        """Each block's place among its decode's blocks in `decode_keys` [B], and each decode's block count [D]."""
+    def decode_tree(self) -> tuple[list[tuple[Tensor, Tensor]], Tensor]:
+        """The steps of `tree_segment_sum`, worked out once per forward for every layer's sums.
+
+        Step k (step = 2**k, while below the tables' width): [B] True for a block whose place among its
+        decode's blocks is a multiple of 2 * step and whose decode holds a block `step` places after it,
+        and [B] the block each block reads (that one, or itself). Then [D] each decode's first block
+        in the flat list, or B for a decode that holds none.
+        """
         _, seq, _ = self.decode_keys
-        held = torch.bincount(seq, minlength=len(self.decode_context_lens))  # [D]
-        return torch.arange(len(seq), device=seq.device) - (torch.cumsum(held, 0) - held)[seq], held
+        held = torch.bincount(seq, minlength=len(self.decode_context_lens))  # [D] blocks of each decode
+        first = torch.cumsum(held, 0) - held  # [D]
+        rows = torch.arange(len(seq), device=seq.device)
+        place, count = rows - first[seq], held[seq]  # [B] place among its decode's blocks, and their number
+        steps, step = [], 1
+        while step < self.decode_block_tables.shape[1]:
+            adds = (place % (2 * step) == 0) & (place + step < count)
+            steps.append((adds, torch.where(adds, rows + step, rows)))
+            step *= 2
+        return steps, torch.where(held > 0, first, len(seq))
 
 
 def segment_sum(x: Tensor, seq: Tensor, meta: AttentionMetadata) -> Tensor:
@@ -111,22 +125,15 @@ def segment_sum(x: Tensor, seq: Tensor, meta: AttentionMetadata) -> Tensor:
 def tree_segment_sum(x: Tensor, meta: AttentionMetadata) -> Tensor:
     """`segment_sum` in a fixed order on any device: a pairwise tree within each decode's blocks.
 
-    At each step a block whose place is a multiple of 2 * step adds the block `step` places after it
-    (if its decode holds one), so after ceil(log2(W)) steps (W: the tables' width) each decode's first
-    block holds its sum. Every step is elementwise over the B blocks, so the cost stays linear in the
-    blocks read (times log2 W), whatever the mix of long and short contexts.
+    At each step (`decode_tree`) a block adds the block `step` places after it in its decode, so after
+    ceil(log2(W)) steps (W: the tables' width) each decode's first block holds its sum. Every step is
+    elementwise over the B blocks (three kernels), so the cost stays linear in the blocks read (times
+    log2 W), whatever the mix of long and short contexts.
     """
-    place, held = meta.decode_places  # [B], [D]
-    n = len(place)
-    count = held[meta.decode_keys[1]]  # [B] blocks of each block's decode
-    rows = torch.arange(n, device=x.device)
-    shape = (n,) + (1,) * (x.dim() - 1)
-    step = 1
-    while step < meta.decode_block_tables.shape[1]:
-        adds = (place % (2 * step) == 0) & (place + step < count)  # [B]
-        x = torch.where(adds.view(shape), x + x.index_select(0, torch.where(adds, rows + step, rows)), x)
-        step *= 2
-    first = torch.where(held > 0, torch.cumsum(held, 0) - held, n)  # [D] each decode's first block; n: none
+    steps, first = meta.decode_tree
+    shape = (len(x),) + (1,) * (x.dim() - 1)
+    for adds, reads in steps:
+        x = torch.where(adds.view(shape), x + x.index_select(0, reads), x)
     return torch.cat((x, x.new_zeros((1, *x.shape[1:])))).index_select(0, first)
 
 
