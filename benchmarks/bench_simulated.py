@@ -19,6 +19,9 @@ resolve. The issue-2 target ("100,000-request workloads in seconds") is not met:
 Python work per iteration spread over the scheduler, the engine and the logs; in a py-spy profile no
 single function took more than about an eighth of the run (the decode rows' merge, the decision,
 committing tokens, flushing token events: 10-12% each).
+
+On the H200 machine's host (16 cores, 2026-11-30; the loop runs on one): 41.9 s in all (build 4.75,
+loop 35.41 = 665 us per iteration, close 1.73), peak RSS 1,148 MiB.
 """
 from __future__ import annotations
 
