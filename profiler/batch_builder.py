@@ -152,6 +152,43 @@ class DecodeRows:
             self.tables[rows, column] = new
         self.room[rows] += self._block_size  # room is never handed out
 
+    def steps_to_finish(self) -> int:
+        """Iterations the rows run before one of them samples its last token (max_tokens): none of these
+        iterations ends a row on length, the next one does."""
+        return int((self.last_step - self.num_generated).min())
+
+    def first_stop(self, tokens: np.ndarray) -> int:
+        """The first step of `tokens` ([steps, D], the rows' coming tokens) where a row may stop on a stop
+        token (any row's stop token counts: the caller runs that iteration one by one); steps if none."""
+        if not len(self._stops):
+            return len(tokens)
+        hit = np.isin(tokens, self._stops).any(axis=1).nonzero()[0]
+        return int(hit[0]) if len(hit) else len(tokens)
+
+    def blocks_ahead(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """The KV blocks the rows take in the next `steps` iterations: (step [N], row [N]), ordered by step,
+        then row, as `grow` takes them iteration by iteration."""
+        bs = self.block_size
+        first = self.room - self.pos  # [D] the step whose token needs the row's next block
+        counts = np.maximum(0, (steps - first + bs - 1) // bs)
+        row = np.repeat(np.arange(len(self.reqs), dtype=np.int64), counts)
+        nth = np.arange(len(row), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+        step = np.repeat(first, counts) + bs * nth
+        order = np.lexsort((row, step))
+        return step[order], row[order]
+
+    def grow_ahead(self, steps: np.ndarray, rows: np.ndarray, blocks: BlockManager) -> None:
+        """Take the blocks of `blocks_ahead` at once: the same blocks, in the same places, as `grow` would
+        iteration by iteration (the caller made sure the pool has them)."""
+        column = (self.pos[rows] + steps) // self._block_size
+        new = blocks.append_blocks([self.reqs[i] for i in rows.tolist()])
+        width = self.tables.shape[1]
+        while int(column.max()) >= width:
+            width = 2 * width + 1
+        self.tables = _padded(self.tables, width)
+        self.tables[rows, column] = new
+        self.room += self._block_size * np.bincount(rows, minlength=len(self.reqs))
+
     def work(self) -> list[tuple[Request, int]]:
         """[(request, 1)] per row (one list, shared until the rows change)."""
         if self._work is None:
@@ -177,8 +214,8 @@ class DecodeRows:
             ending |= np.isin(tokens, self._stops)
         return ending.nonzero()[0].tolist()
 
-    def advance(self, tokens: np.ndarray) -> None:
-        """After the forward pass: each row cached one position and sampled `tokens` (row order)."""
-        self.pos = self.pos + 1
-        self.num_generated = self.num_generated + 1
+    def advance(self, tokens: np.ndarray, steps: int = 1) -> None:
+        """After `steps` forward passes: each row cached `steps` positions and last sampled `tokens` (row order)."""
+        self.pos = self.pos + steps
+        self.num_generated = self.num_generated + steps
         self.tokens = tokens

@@ -9,7 +9,7 @@ import numpy as np
 
 from itertrace.profiler.batch import Batch, Runner
 from itertrace.profiler.gcquiet import no_full_collections
-from itertrace.profiler.nvtx_ranges import ADMIT, ARRIVE, FINISH, PhaseName, Tracer
+from itertrace.profiler.nvtx_ranges import ADMIT, ARRIVE, FINISH, PhaseName, Tracer, nvtx_recorded
 from itertrace.profiler.request import Request
 from itertrace.profiler.runlog import RunLog
 from itertrace.profiler.scheduler import Decision, EventKind, Scheduler, TokenEvents
@@ -80,6 +80,7 @@ class RunResult:
     end_ns: int
     simulated: bool
     membership: list[list[int]] = field(default_factory=list)  # member ids by iteration, when kept
+    fast_forwarded: int = 0  # iterations run at once with others (Engine._run_quiet)
 
 
 class Engine:
@@ -88,7 +89,7 @@ class Engine:
     def __init__(self, scheduler: Scheduler, runner: Runner, clock, *, log: RunLog | None = None,
                  tracer: Tracer | None = None, keep_membership: bool = False, keep_tokens: bool = False,
                  progress: Callable[[int, int], None] | None = None,
-                 on_iteration: Callable[[Decision, int, int], None] | None = None) -> None:
+                 on_iteration: Callable[[Decision, int, int], None] | None = None, fast_forward: bool = True) -> None:
         self.scheduler = scheduler
         self.runner = runner
         self.clock = clock
@@ -98,6 +99,10 @@ class Engine:
         self.keep_tokens = keep_tokens
         self.progress = progress
         self.on_iteration = on_iteration  # called with (decision, start_ns, end_ns) after each iteration
+        # quiet iterations run at once (_run_quiet): only where a runner can, nobody watches each
+        # iteration, and no tool records NVTX (each iteration keeps its step range under nsys)
+        self._fast_forward = (fast_forward and getattr(runner, "run_decodes", None) is not None
+                              and on_iteration is None and not nvtx_recorded())
         # A real engine streams each token's text to its client; the simulated runner has no client,
         # so its text is decoded once, when the request row is written (the same text).
         self._stream_text = not runner.simulated
@@ -130,6 +135,7 @@ class Engine:
         for req in pending:
             if req.cancel_at_iteration is not None:
                 cancels.setdefault(req.cancel_at_iteration, []).append(req.request_id)
+        cancel_iterations = sorted(cancels)
         arrivals = [r.arrival_ns for r in pending]
         self._ids = np.sort(np.fromiter((r.request_id for r in pending), dtype=np.int64, count=len(pending)))
         self._dense_ids = np.array_equal(self._ids, np.arange(len(pending)))
@@ -211,11 +217,19 @@ class Engine:
                 result.membership.append(decision.member_ids)
             if self.on_iteration is not None:
                 self.on_iteration(decision, start, end)
+            row = None
             if self.log is not None:
                 marks = (t_sched, t_prep, t_fwd, t_samp, t_detok)
-                self.log.iteration(self._iteration_row(decision, start, end, marks, queued, preempted))
-            iteration += 1
-            if self.progress is not None and iteration % 1000 == 0:
+                row = self._iteration_row(decision, start, end, marks, queued, preempted)
+                self.log.iteration(row)
+            before, iteration = iteration, iteration + 1
+            if self._fast_forward:
+                at = bisect.bisect_left(cancel_iterations, iteration)
+                iteration = self._run_quiet(
+                    decision, row, iteration, queued, result,
+                    pending[next_arrival].arrival_ns if next_arrival < len(pending) else None,
+                    cancel_iterations[at] if at < len(cancel_iterations) else None)
+            if self.progress is not None and iteration // 1000 > before // 1000:
                 self.progress(iteration, next_arrival)
         result.iterations = iteration
         result.end_ns = clock.now_ns()
@@ -226,6 +240,70 @@ class Engine:
             for req in pending:
                 self.log.request(self._request_row(req))
         return result
+
+    def _run_quiet(self, d: Decision, row: dict | None, iteration: int, queued: int, result: RunResult,
+                   next_arrival_ns: int | None, next_cancel: int | None) -> int:
+        """After an iteration (`d`) that ran only the decode rows, run the quiet iterations after it at once.
+
+        Quiet iterations (Scheduler.quiet_rows) differ only in positions, tokens, times and KV blocks, so
+        the runner gives their times and tokens as arrays, the scheduler commits them in one go and
+        their log rows go out as columns: the same rows, events and request state as a pass of the loop
+        each (tests/test_fast_forward.py compares the two). It stops short of the iteration where a row
+        finishes or may stop, a request arrives or is canceled, or the KV pool runs short: that one runs
+        as usual. Returns the number of the iteration after the last one it ran.
+        """
+        sched = self.scheduler
+        rows = sched.quiet_rows(d)
+        if rows is None:
+            return iteration
+        steps = rows.steps_to_finish()
+        if next_cancel is not None:
+            steps = min(steps, next_cancel - iteration)
+        if steps <= 0:
+            return iteration
+        batch = rows.batch(iteration)
+        dur, tokens = self.runner.run_decodes(batch, steps)
+        now = self.clock.now_ns()
+        ends = now + np.cumsum(dur)
+        starts = ends - dur
+        if next_arrival_ns is not None:  # an arrival joins the first iteration that starts at or after it
+            steps = min(steps, int(starts.searchsorted(next_arrival_ns)))
+        steps = rows.first_stop(tokens[:steps])
+        block_steps, block_rows = rows.blocks_ahead(steps)
+        free = sched.blocks.device.num_free
+        if len(block_rows) > free:  # the first iteration the pool cannot serve runs as usual (it preempts)
+            steps = int(block_steps[free])
+        if steps <= 0:
+            return iteration
+        taken = int(block_steps.searchsorted(steps))
+        block_steps, block_rows = block_steps[:taken], block_rows[:taken]
+        tokens, dur, starts, ends = tokens[:steps], dur[:steps], starts[:steps], ends[:steps]
+        used = sched.blocks.device.num_used
+        sched.run_quiet(rows, tokens, block_steps, block_rows)
+        self.clock.advance(int(ends[-1]) - now)
+
+        ids, numbers = batch.request_ids, np.arange(iteration, iteration + steps, dtype=np.int64)
+        self._last_token_ns[ids if self._dense_ids else self._ids.searchsorted(ids)] = ends[-1]
+        if self.keep_tokens:
+            end_ns, iterations = ends.tolist(), numbers.tolist()
+            for rid in ids.tolist():
+                self._times[rid].token_ns.extend(end_ns)
+                self._times[rid].token_iterations.extend(iterations)
+        idle = sched.config.max_num_seqs - batch.num_seqs
+        result.idle_slot_iterations += steps * idle
+        result.idle_finished += steps * len(d.finished_member_ids)
+        if queued:
+            result.idle_while_queued += steps * idle
+        if self.keep_membership:
+            result.membership.extend([d.member_ids] * steps)
+        if self.log is not None:
+            self.log.token_steps(ids, numbers, ends)
+            allocated = np.bincount(block_steps, minlength=steps)
+            self.log.iterations({**row, "iteration": numbers, "start_ns": starts, "end_ns": ends, "dur_ns": dur,
+                                 "forward_ns": dur, "kv_allocated": allocated, "kv_freed": 0,
+                                 "kv_in_use": used + np.cumsum(allocated)}, steps)
+        result.fast_forwarded += steps
+        return iteration + steps
 
     def _mark_admissions(self) -> None:
         """An `admit` mark for each request scheduled for the first time (inside this step)."""

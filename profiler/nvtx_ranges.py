@@ -9,6 +9,7 @@ token times: see `tokens_text`.
 from __future__ import annotations
 
 import enum
+import os
 from nvtx._lib import EventAttributes
 from nvtx._lib import mark as _mark
 from nvtx._lib import pop_range as _pop
@@ -85,6 +86,12 @@ class Tracer:
     def tokens(self, iteration: int, added, removed) -> None:
         """Mark the change in the set of requests that get a token, from this iteration on."""
         _mark(self._attrs(tokens_text(added, removed), iteration), self._handle)
+
+
+def nvtx_recorded() -> bool:
+    """Whether a tool records this process's NVTX calls: nsys (like any NVTX tool) names its library in
+    NVTX_INJECTION64_PATH; without one, every NVTX call does nothing."""
+    return bool(os.environ.get("NVTX_INJECTION64_PATH"))
 
 
 def tokens_text(added, removed) -> str:

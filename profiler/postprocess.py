@@ -71,6 +71,16 @@ def commit_tokens(decision: Decision, tokens: np.ndarray, iteration: int, rows: 
     return finished
 
 
+def commit_decode_steps(rows: DecodeRows, tokens: np.ndarray) -> None:
+    """Commit several iterations of the decode rows at once (`tokens`: [steps, D]), none of which ends a
+    row: what `commit_tokens` does to the rows and their requests, iteration by iteration."""
+    steps = len(tokens)
+    for req, out in zip(rows.reqs, tokens.T.tolist()):
+        req.num_computed += steps
+        req.output_ids.extend(out)
+    rows.advance(tokens[-1].copy(), steps)
+
+
 def stop_reason(req: Request, token: int) -> tuple[Phase, Reason] | None:
     """Whether the token just sampled ends the request, and how."""
     sp = req.sampling

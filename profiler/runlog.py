@@ -102,10 +102,20 @@ class _Table:
     def __post_init__(self) -> None:
         self.tmp = self.path.with_name(self.path.name + ".partial")
         self._carry: pa.Table | None = None  # ordered rows short of a row group, from the last flush
+        self._parts: list[list[tuple] | tuple[dict, int]] = []  # rows that came as columns, and the rows before them
 
     def append(self, row: tuple) -> None:
         self.buffer.append(row)
         self._added(1)
+
+    def append_columns(self, columns: dict, n: int) -> None:
+        """`n` rows at once: per column an array of n values, or one value for every row (for a list
+        column, one id array every row holds). Integer columns then take no nulls."""
+        if self.buffer:
+            self._parts.append(self.buffer)
+            self.buffer = []
+        self._parts.append((columns, n))
+        self._added(n)
 
     def _added(self, n: int) -> None:
         self.rows += n
@@ -128,6 +138,14 @@ class _Table:
 
     def _take_buffer(self) -> pa.Table:
         """The buffered rows as a table, in the order they came; empties the buffer."""
+        if not self._parts:
+            return self._rows_table()
+        parts, self._parts = [*self._parts, self.buffer], []
+        self.buffer = []
+        return pa.table([_column_of(parts, i, f) for i, f in enumerate(self.schema)], schema=self.schema)
+
+    def _rows_table(self) -> pa.Table:
+        """The rows buffered one by one as a table; empties that buffer."""
         columns = list(zip(*self.buffer)) or [[] for _ in self.schema.names]
         self.buffer = []
         return pa.table([_list_column(values) if pa.types.is_list(f.type) else values
@@ -154,6 +172,38 @@ def _encodings(schema: pa.Schema) -> dict:
         elif pa.types.is_string(leaf):
             strings.append(path)
     return {"use_dictionary": strings, "column_encoding": ints}
+
+
+def _column_of(parts: list[list[tuple] | tuple[dict, int]], i: int, f: pa.Field) -> pa.Array:
+    """Column `i` (field `f`) of rows that came one by one (lists of tuples) and as columns ((columns, n))."""
+    if pa.types.is_list(f.type):
+        values = []
+        for part in parts:
+            if type(part) is list:
+                values.extend(row[i] for row in part)
+            else:
+                columns, n = part
+                values.extend([columns[f.name]] * n)
+        return _list_column(values)
+    if pa.types.is_integer(f.type):
+        pieces = []
+        for part in parts:
+            if type(part) is list:
+                pieces.append(np.array([row[i] for row in part], dtype=np.int64))
+            else:
+                columns, n = part
+                value = columns[f.name]
+                pieces.append(value if np.ndim(value) else np.full(n, value, dtype=np.int64))
+        return pa.array(np.concatenate(pieces), f.type)
+    values = []
+    for part in parts:
+        if type(part) is list:
+            values.extend(row[i] for row in part)
+        else:
+            columns, n = part
+            value = columns[f.name]
+            values.extend(value.tolist() if np.ndim(value) else [value] * n)
+    return pa.array(values, f.type)
 
 
 def _list_column(values: tuple) -> pa.ListArray:
@@ -198,7 +248,9 @@ class _EventTable(_Table):
         self._kinds = _Codes(kind.value for kind in EventKind)
         self._reasons = _Codes()
 
-    def append_tokens(self, request_ids: np.ndarray, iteration: int, ts_ns: int, first: np.ndarray) -> None:
+    def append_tokens(self, request_ids: np.ndarray, iteration: int | np.ndarray, ts_ns: int | np.ndarray,
+                      first: np.ndarray) -> None:
+        """Token rows, one per request id; `iteration` and `ts_ns` are one value for all, or one per row."""
         self.blocks.append((len(self.buffer), request_ids, iteration, ts_ns, first))
         self._added(len(request_ids))
 
@@ -214,7 +266,16 @@ class _EventTable(_Table):
             lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
             first = np.concatenate(first)
             token, first_token = self._kinds[EventKind.TOKEN.value], self._kinds[EventKind.FIRST_TOKEN.value]
-            block_columns = [np.concatenate(ids), np.repeat(ints(iterations), lengths), np.repeat(ints(ts), lengths),
+            starts = np.cumsum(lengths) - lengths
+            per_row = [j for j, v in enumerate(iterations) if np.ndim(v)]  # blocks of several iterations
+
+            def spread(values: tuple) -> np.ndarray:  # a value per block -> a value per row
+                column = np.repeat(ints([0 if np.ndim(v) else v for v in values] if per_row else values), lengths)
+                for j in per_row:
+                    column[starts[j]: starts[j] + lengths[j]] = values[j]
+                return column
+
+            block_columns = [np.concatenate(ids), spread(iterations), spread(ts),
                              np.where(first, first_token, token).astype(np.int16),
                              np.full(len(first), -1, dtype=np.int16), np.ones(len(first), dtype=np.int64)]
             # row i goes before block j when i < before[j]: sort rows on 2i + 1 and blocks on 2 * before[j]
@@ -242,9 +303,20 @@ class RunLog:
         """One event row."""
         self._tables["events"].append((request_id, iteration, ts_ns, kind, reason, tokens))
 
+    def iterations(self, columns: dict, n: int) -> None:
+        """`n` iteration rows at once, as columns (see _Table.append_columns)."""
+        self._tables["iterations"].append_columns(columns, n)
+
     def token_events(self, request_ids: np.ndarray, iteration: int, ts_ns: int, first: np.ndarray) -> None:
         """One `first_token` or `token` event row per request id (tokens=1, no reason), all at `ts_ns`."""
         self._tables["events"].append_tokens(request_ids, iteration, ts_ns, first)
+
+    def token_steps(self, request_ids: np.ndarray, iterations: np.ndarray, ts_ns: np.ndarray) -> None:
+        """`token` rows (never a first token) of the same requests over several iterations: each request
+        id in every one of `iterations`, at that iteration's `ts_ns`, in that order."""
+        n = len(request_ids)
+        self._tables["events"].append_tokens(np.tile(request_ids, len(iterations)), np.repeat(iterations, n),
+                                             np.repeat(ts_ns, n), np.zeros(n * len(iterations), dtype=bool))
 
     def request(self, row: dict) -> None:
         self._tables["requests"].append(_REQUEST_ROW(row))

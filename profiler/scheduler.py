@@ -29,7 +29,7 @@ from itertrace.profiler.budget import Budget, prefill_room
 from itertrace.profiler.decision import Decision, Event, EventKind, Limit, Mode, SchedulerConfig, TokenEvents
 from itertrace.profiler.kv import BlockManager
 from itertrace.profiler.policies import WaitQueue, sort_key
-from itertrace.profiler.postprocess import commit_tokens
+from itertrace.profiler.postprocess import commit_decode_steps, commit_tokens
 from itertrace.profiler.preemption import make_room, victim
 from itertrace.profiler.request import Phase, PreemptKind, Reason, Request
 
@@ -253,6 +253,38 @@ class Scheduler:
             raise ValueError(f"iteration {iteration}: {len(tokens)} tokens for {len(ids)} sampled sequences")
         n_rows, self._rows_run = self._rows_run, 0
         return commit_tokens(decision, tokens, iteration, self._rows, n_rows, self.events, self._finish)
+
+    # ---- quiet iterations, all at once -------------------------------------------------------------
+    def quiet_rows(self, decision: Decision) -> DecodeRows | None:
+        """The decode rows, when the iteration just committed (`decision`) ran them and nothing else and
+        left them all running; None otherwise.
+
+        Then the iterations that follow schedule the same rows, each one position further, with the same
+        limit, until a row finishes, a request arrives or is canceled, or a row needs a block the pool
+        lacks: nothing else moves. In continuous mode that needs the queue to be empty or the slots to be
+        full (else a request may start); in static mode every live member must be a decode row.
+        """
+        rows = self._rows
+        if (rows is None or not len(rows) or rows._joining or rows._leaving or self.events
+                or decision.batch.num_seqs != len(rows) or decision.prefill_tokens or decision.stalled_member_ids
+                or decision.swap.swap_out or decision.swap.swap_in
+                or decision.admitted or decision.resumed or decision.preempted or decision.rejected
+                or len(self.running) - len(decision.finished_member_ids) != len(rows)):
+            return None
+        if self.config.mode is Mode.CONTINUOUS and self.waiting and len(self.running) < self.config.max_num_seqs:
+            return None
+        return rows
+
+    def run_quiet(self, rows: DecodeRows, tokens: np.ndarray, block_steps: np.ndarray,
+                  block_rows: np.ndarray) -> None:
+        """Commit len(tokens) quiet iterations of `rows` at once (see quiet_rows): their tokens
+        ([steps, D]) and their new KV blocks (`DecodeRows.blocks_ahead`, which the pool has)."""
+        if len(block_rows):
+            rows.grow_ahead(block_steps, block_rows, self.blocks)
+            if self._admission.reserved:
+                for i in np.unique(block_rows).tolist():
+                    self._admission.update(rows.reqs[i])
+        commit_decode_steps(rows, tokens)
 
     def _finish(self, req: Request, phase: Phase, reason: Reason, iteration: int) -> None:
         req.move(phase, reason, iteration)

@@ -85,11 +85,11 @@ def make_runner(spec: RunSpec):
 
 def run(spec: RunSpec, requests: list[Request], *, run_dir: Path | None = None, workload: str = "",
         keep_membership: bool = False, keep_tokens: bool = False, progress=None, on_iteration=None,
-        runner_and_clock=None) -> RunResult:
+        runner_and_clock=None, fast_forward: bool = True) -> RunResult:
     """Run `requests` under `spec`; with `run_dir`, write the run logs there."""
     clock, runner = runner_and_clock or make_runner(spec)
     engine = _engine(spec, clock, runner, run_dir, keep_membership=keep_membership, keep_tokens=keep_tokens,
-                     progress=progress, on_iteration=on_iteration)
+                     progress=progress, on_iteration=on_iteration, fast_forward=fast_forward)
     result = engine.run(requests)  # itself without full collections
     with no_full_collections():  # nor in the close: its last row groups are many new objects
         _close(engine, spec, workload, result)
@@ -158,6 +158,7 @@ def run_metadata(spec: RunSpec, runner, clock, workload: str, result: RunResult)
         "workload": workload,
         "seed": spec.seed,
         "clock_source": clock.source,
+        "fast_forwarded_iterations": result.fast_forwarded,
         "clock_epoch_unix_ns": clock.epoch_unix_ns,
         "python": sys.version.split()[0],
         "platform": platform.platform(),

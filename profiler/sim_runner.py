@@ -30,6 +30,14 @@ class CostModel:
         return int(self.fixed_ns + self.per_seq_ns * len(batch.start_pos) + self.per_token_ns * tokens
                    + self.per_context_token_ns * context)
 
+    def decode_steps_ns(self, batch: Batch, steps: int) -> np.ndarray:
+        """[steps] `forward_ns` of an all-decode batch and of the `steps - 1` batches that follow it, each
+        row one position further: the same arithmetic in the same order, on an array of contexts."""
+        seqs = len(batch.start_pos)
+        context = int(batch.start_pos.sum()) + seqs + seqs * np.arange(steps, dtype=np.int64)
+        fixed = self.fixed_ns + self.per_seq_ns * seqs + self.per_token_ns * seqs
+        return (fixed + self.per_context_token_ns * context).astype(np.int64)
+
 
 class SimulatedRunner:
     """Implements the Runner interface; sampled tokens are deterministic stand-ins, never a stop token."""
@@ -50,6 +58,14 @@ class SimulatedRunner:
     def sample(self, batch: Batch, logits: None) -> np.ndarray:
         # printable ASCII, varying with request and step, so detokenized text is readable
         return 32 + (batch.sampled_ids * 7 + batch.num_generated[batch.sample]) % 95
+
+    def run_decodes(self, batch: Batch, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """`steps` iterations of an all-decode batch, each row one position further than in the last:
+        ([steps] forward times, [steps, S] sampled tokens), what `forward` and `sample` give iteration by
+        iteration. The clock does not move (the engine moves it by the iterations it keeps)."""
+        step = np.arange(steps, dtype=np.int64)[:, None]
+        tokens = 32 + (batch.request_ids * 7 + batch.num_generated + step) % 95
+        return self.cost.decode_steps_ns(batch, steps), tokens
 
     def swap(self, plan: SwapPlan) -> None:
         self.clock.advance(self.cost.per_swap_block_ns * (len(plan.swap_out) + len(plan.swap_in)))

@@ -1,0 +1,144 @@
+"""Quiet iterations run at once (Engine._run_quiet) give what a pass of the loop each gives.
+
+Two computations of the same run: the engine with fast-forward on and off. Their run logs (every row
+of the iteration, event and request tables), the requests' final state and the run's summary must be
+identical, under random workloads, budgets, KV pressure, preemption kinds, arrivals, cancellations
+and stop tokens.
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_scheduler_properties import configs, requests
+
+from itertrace.profiler.batch import Batch, SamplingParams
+from itertrace.profiler.clock import SimClock
+from itertrace.profiler.engine import Engine
+from itertrace.profiler.kv import BlockManager
+from itertrace.profiler.runlog import RunLog
+from itertrace.profiler.scheduler import Scheduler, SchedulerConfig
+from itertrace.profiler.session import RunSpec, run
+from itertrace.profiler.sim_runner import CostModel, SimulatedRunner
+from itertrace.profiler.workloads import RequestSpec, build_requests
+
+
+def _run(specs, cfg, num_blocks, block_size, swap_blocks, sampling, ignore_eos, fast_forward, cost=None):
+    reqs = build_requests(specs, sampling=sampling, ignore_eos=ignore_eos)
+    clock = SimClock()
+    blocks = BlockManager(num_blocks, block_size, swap_blocks)
+    engine = Engine(Scheduler(cfg, blocks),
+                    SimulatedRunner(clock, cost), clock, keep_membership=True, keep_tokens=True,
+                    fast_forward=fast_forward)
+    with tempfile.TemporaryDirectory() as tmp:
+        engine.log = RunLog(Path(tmp))
+        result = engine.run(reqs)
+        engine.log.close({})
+        tables = {name: pq.read_table(Path(tmp) / f"{name}.parquet") for name in ("iterations", "events", "requests")}
+    state = [(r.phase, r.output_ids, r.num_computed, r.block_ids, r.transitions, r.num_preemptions) for r in reqs]
+    state.append(list(blocks.device._free))  # its order says which blocks each request held, in which order
+    times = {rid: (t.first_token_ns, t.last_token_ns, t.finish_ns, t.token_ns, t.token_iterations)
+             for rid, t in result.times.items()}
+    summary = (result.iterations, result.idle_slot_iterations, result.idle_finished, result.idle_while_queued,
+               result.end_ns, result.membership)
+    return tables, state, times, summary, result.fast_forwarded
+
+
+def _assert_same(slow, fast) -> None:
+    for name, table in slow[0].items():
+        assert fast[0][name].equals(table), f"{name} table differs"
+    assert fast[1:4] == slow[1:4]
+    assert slow[4] == 0
+
+
+# longer outputs than the invariant tests' so that runs have quiet stretches worth skipping
+long_requests = st.lists(
+    st.builds(RequestSpec, arrival_ns=st.integers(0, 300_000_000), prompt_tokens=st.integers(1, 60),
+              output_tokens=st.integers(1, 120), priority=st.integers(0, 2),
+              cancel_at_iteration=st.one_of(st.none(), st.none(), st.none(), st.integers(0, 300))),
+    min_size=1, max_size=20)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs=st.one_of(requests, long_requests), cfg=configs, num_blocks=st.integers(1, 64),
+       block_size=st.sampled_from([1, 4, 16]), swap_blocks=st.integers(0, 12),
+       stops=st.lists(st.integers(32, 126), max_size=3), ignore_eos=st.booleans())
+def test_fast_forward_gives_the_same_run(specs, cfg, num_blocks, block_size, swap_blocks, stops, ignore_eos):
+    sampling = SamplingParams(stop_token_ids=tuple(stops)) if stops else None
+    args = (specs, cfg, num_blocks, block_size, swap_blocks, sampling, ignore_eos)
+    _assert_same(_run(*args, fast_forward=False), _run(*args, fast_forward=True))
+
+
+def test_a_steady_run_skips_most_iterations_and_stays_the_same():
+    """The default workload's shape: 16 slots, every request 128 tokens. Non-integer cost coefficients, so
+    the per-iteration times go through float rounding in both computations."""
+    specs = [RequestSpec(0, 100, 128) for _ in range(48)] + [RequestSpec(5_000_000_000, 7, 300)]
+    cost = CostModel(fixed_ns=1_234_567.5, per_seq_ns=3_333.3, per_token_ns=45_678.9, per_context_token_ns=77.7)
+    args = (specs, SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=512), 4096, 16, 0, None, True)
+    slow, fast = _run(*args, fast_forward=False, cost=cost), _run(*args, fast_forward=True, cost=cost)
+    _assert_same(slow, fast)
+    iterations = slow[3][0]
+    assert fast[4] > 0.9 * iterations, (fast[4], iterations)
+
+
+def test_kv_running_short_within_a_quiet_stretch():
+    """Every pool size from too small to ample: the stretch must stop exactly where the pool runs short
+    (that iteration preempts), and the blocks must be the same ones, taken in the same order."""
+    specs = [RequestSpec(0, 3, 30), RequestSpec(0, 5, 45), RequestSpec(0, 9, 60)]
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64)
+    skipped = 0
+    for block_size in (1, 2, 4):
+        for num_blocks in range(69 // block_size // 2, 120 // block_size):
+            args = (specs, cfg, num_blocks, block_size, 0, None, True)
+            slow, fast = _run(*args, fast_forward=False), _run(*args, fast_forward=True)
+            _assert_same(slow, fast)
+            skipped += fast[4]
+    assert skipped > 1000
+
+
+def test_an_arrival_at_an_iteration_start_joins_that_iteration():
+    """A request arriving exactly when a skipped iteration would start is taken in at that iteration."""
+    first = [RequestSpec(0, 8, 50), RequestSpec(0, 8, 60)]
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64)
+    tables = _run(first, cfg, 64, 4, 0, None, True, fast_forward=False)[0]
+    start = tables["iterations"]["start_ns"].to_pylist()[20]
+    args = (first + [RequestSpec(start, 4, 10)], cfg, 64, 4, 0, None, True)
+    slow, fast = _run(*args, fast_forward=False), _run(*args, fast_forward=True)
+    _assert_same(slow, fast)
+    arrive = [e for e in fast[0]["events"].to_pylist() if e["request_id"] == 2 and e["kind"] == "arrive"]
+    assert arrive[0]["iteration"] == 20 and arrive[0]["ts_ns"] == start
+    assert fast[4] > 40
+
+
+def test_no_fast_forward_while_a_tool_records_nvtx(monkeypatch, tmp_path):
+    """Under nsys every iteration keeps its own step range, so a capture numbers every iteration."""
+    specs = [RequestSpec(0, 16, 64) for _ in range(4)]
+    result = run(RunSpec(), build_requests(specs), run_dir=tmp_path / "plain")
+    assert result.fast_forwarded > 0
+    monkeypatch.setenv("NVTX_INJECTION64_PATH", "/nonexistent/libToolsInjection64.so")  # nvtx only reads it at load
+    result = run(RunSpec(), build_requests(specs), run_dir=tmp_path / "recorded")
+    assert result.fast_forwarded == 0 and result.iterations > 60
+
+
+def test_decode_steps_match_forward_and_sample_one_by_one():
+    """The runner's closed forms against its own per-iteration path, on a batch moved one position at a time."""
+    cost = CostModel(fixed_ns=2e6 / 3, per_seq_ns=1e4 / 7, per_token_ns=4.5e4 / 11, per_context_token_ns=0.1)
+    runner = SimulatedRunner(SimClock(), cost)
+    ids, pos, gen = np.array([3, 17, 4]), np.array([40, 7, 1000]), np.array([5, 1, 300])
+    times, tokens = runner.run_decodes(_decode_batch(ids, pos, gen), 50)
+    for step in range(50):
+        batch = _decode_batch(ids, pos + step, gen + step)
+        assert times[step] == cost.forward_ns(batch)
+        assert tokens[step].tolist() == runner.sample(batch, None).tolist()
+
+
+def _decode_batch(ids, pos, gen) -> Batch:
+    n = len(ids)
+    return Batch(iteration=0, block_size=16, request_ids=ids, start_pos=pos, num_tokens=np.ones(n, dtype=np.int64),
+                 token_ids=np.zeros(n, dtype=np.int64), sample=np.ones(n, dtype=bool),
+                 block_tables=np.zeros((n, 1), dtype=np.int64), num_generated=gen,
+                 sampling=(SamplingParams(),) * n)
