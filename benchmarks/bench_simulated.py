@@ -1,27 +1,19 @@
-"""Benchmark (not a test): a large workload through the simulated runner, and where its time goes.
+"""Benchmark (not a test): large workloads through the simulated runner, where the time goes, and what
+running quiet iterations at once (Engine._run_quiet) saves, measured side by side.
 
-Runs what `itertrace run --runner simulated --workload synthetic --num-requests N --output-len
-uniform:16:256 --capacity 256` runs (all requests queued at t=0, run logs written), in this process,
-and reports wall and CPU seconds for each part: building the requests (synthetic prompts), the engine
-loop (scheduler, cost model, token and iteration logs), and closing the run logs (the last row groups
-and the request table). The loop's share per iteration is the number to watch: at capacity 256
-almost every iteration changes the batch's membership, so per-iteration host work dominates.
+Two workloads, all requests queued at t=0, run logs written, in this process:
+- `default`: what `itertrace run --num-requests N` runs (16 slots, prompts and outputs of 128 tokens):
+  long stretches of iterations where only the decode rows run, which the engine skips in bulk;
+- `busy`: `--capacity 256 --output-len uniform:16:256`: about two requests finish and two start in
+  almost every iteration, so nearly every iteration goes through the loop one by one.
+For each: wall and CPU seconds for building the requests (synthetic prompts), the engine loop
+(scheduler, cost model, logs), and closing the run logs; iterations, how many ran in bulk, peak RSS.
+Then `--compare` requests of each workload run with fast-forward off and on, alternating, three rounds
+in one process: the ratio of their loop times (best of three each) is the figure to watch.
 
-Usage: python benchmarks/bench_simulated.py [--requests N] [--capacity C]
+Usage: python benchmarks/bench_simulated.py [--requests N] [--compare M] [--workload default|busy|both]
 
-Measured (2-core machine, load average 0.7-0.9, 2026-11-29): 100,000 requests, 53,231 iterations,
-13,986,127 event rows, peak RSS 1,157 MiB: build 4.5 s, loop 46.7 s (877 us per iteration), close 2.6 s,
-53.8 s in all. Just before runs stopped making full garbage-collector passes the same run took 63.1 s
-here (build 4.6, loop 54.5, close 4.1). After decode rows took their KV blocks in place (over
-10,000 requests `schedule` took 2.19 s against 2.50 s, medians of three alternating runs by helper-15), one run at load 0.9 gave
-54.5 s (build 5.3, loop 46.2 = 868 us per iteration, close 3.0): no change the machine's noise can
-resolve. The issue-2 target ("100,000-request workloads in seconds") is not met: the loop is
-Python work per iteration spread over the scheduler, the engine and the logs; in a py-spy profile no
-single function took more than about an eighth of the run (the decode rows' merge, the decision,
-committing tokens, flushing token events: 10-12% each).
-
-On the H200 machine's host (16 cores, 2026-11-30; the loop runs on one): 41.9 s in all (build 4.75,
-loop 35.41 = 665 us per iteration, close 1.73), peak RSS 1,148 MiB.
+Measured: see the closing notes of issue 2 (the figures move with the machine's load).
 """
 from __future__ import annotations
 
@@ -37,41 +29,65 @@ from itertrace import cli as top
 from itertrace.profiler import cli, session
 from itertrace.profiler import workloads as wl
 
+WORKLOADS = {
+    "default": [],
+    "busy": ["--capacity", "256", "--output-len", "uniform:16:256"],
+}
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--requests", type=int, default=100_000)
-    p.add_argument("--capacity", type=int, default=256)
-    a = p.parse_args()
-    args = top.build_parser().parse_args(
-        ["run", "--runner", "simulated", "--workload", "synthetic", "--num-requests", str(a.requests),
-         "--output-len", "uniform:16:256", "--capacity", str(a.capacity)])
+
+def timed_run(name: str, n: int, fast_forward: bool) -> dict:
+    """One run of workload `name` with n requests: seconds (wall, CPU) per part, and what it did."""
+    args = top.build_parser().parse_args(["run", "--num-requests", str(n), *WORKLOADS[name]])
     spec = cli.spec_from_args(args)
     times: dict[str, tuple[float, float]] = {}
 
-    def part(name: str, fn, *args, **kwargs):
+    def part(label: str, fn, *a, **kw):
         w, c = time.perf_counter(), time.process_time()
-        value = fn(*args, **kwargs)
-        times[name] = (time.perf_counter() - w, time.process_time() - c)
+        value = fn(*a, **kw)
+        times[label] = (time.perf_counter() - w, time.process_time() - c)
         return value
 
-    requests = part("build requests", lambda: wl.build_requests(cli._workload(args), seed=args.seed))
+    requests = part("build", lambda: wl.build_requests(cli._workload(args), seed=args.seed))
     close = session._close
-    session._close = lambda *x: part("close logs", close, *x)  # timed apart from the loop
+    session._close = lambda *x: part("close", close, *x)  # timed apart from the loop
     run_dir = Path(tempfile.mkdtemp(prefix="bench-simulated-"))
     try:
-        result = part("loop + close", session.run, spec, requests, run_dir=run_dir, workload="synthetic")
+        result = part("loop+close", session.run, spec, requests, run_dir=run_dir, workload="synthetic",
+                      fast_forward=fast_forward)
         rows = json.loads((run_dir / "run.json").read_text())["tables"]
     finally:
         session._close = close
         shutil.rmtree(run_dir, ignore_errors=True)
-    loop = tuple(t - c for t, c in zip(times["loop + close"], times["close logs"]))
-    print(f"{a.requests:,} requests, capacity {a.capacity}: {result.iterations:,} iterations, "
-          f"{rows['events']:,} event rows, peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
-    print(f"{'part':<16} {'wall s':>8} {'CPU s':>8}")
-    for name, (w, c) in (("build requests", times["build requests"]), ("loop", loop), ("close logs", times["close logs"])):
-        print(f"{name:<16} {w:>8.2f} {c:>8.2f}")
-    print(f"loop per iteration: {loop[0] / result.iterations * 1e6:.0f} us wall, {loop[1] / result.iterations * 1e6:.0f} us CPU")
+    times["loop"] = tuple(t - c for t, c in zip(times.pop("loop+close"), times["close"]))
+    return {"times": times, "iterations": result.iterations, "bulk": result.fast_forwarded, "events": rows["events"]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--requests", type=int, default=100_000)
+    p.add_argument("--compare", type=int, default=5_000, help="requests per side-by-side run (0: none)")
+    p.add_argument("--workload", choices=(*WORKLOADS, "both"), default="both")
+    a = p.parse_args()
+    names = list(WORKLOADS) if a.workload == "both" else [a.workload]
+    for name in names:
+        r = timed_run(name, a.requests, True)
+        t = r["times"]
+        total = sum(w for w, _ in t.values())
+        print(f"{name}: {a.requests:,} requests, {r['iterations']:,} iterations ({r['bulk']:,} run in bulk), "
+              f"{r['events']:,} event rows, {total:.2f} s in all; peak RSS so far "
+              f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+        for label in ("build", "loop", "close"):
+            print(f"  {label:<6} {t[label][0]:>7.2f} s wall {t[label][1]:>7.2f} s CPU")
+        print(f"  loop per iteration: {t['loop'][0] / r['iterations'] * 1e6:.1f} us")
+    if a.compare:
+        for name in names:
+            loops: dict[bool, list[float]] = {False: [], True: []}
+            for _ in range(3):
+                for ff in (False, True):
+                    loops[ff].append(timed_run(name, a.compare, ff)["times"]["loop"][0])
+            off, on = min(loops[False]), min(loops[True])
+            print(f"{name}, {a.compare:,} requests, loop best of 3: one by one {off:.2f} s, quiet iterations in "
+                  f"bulk {on:.2f} s: x{off / on:.2f}")
 
 
 if __name__ == "__main__":

@@ -126,7 +126,7 @@ class _Table:
     def flush(self, final: bool = False) -> None:
         """Write whole row groups of `rows_per_group` rows (and, when final, the rest)."""
         if self.writer is None:
-            self.writer = pq.ParquetWriter(self.tmp, self.schema, compression="zstd", **_encodings(self.schema))
+            self.writer = self._writer()
         table = self._take_buffer()
         if self._carry is not None:
             table = pa.concat_tables([self._carry, table])
@@ -136,20 +136,24 @@ class _Table:
         self._carry = table.slice(cut) if cut < table.num_rows else None
         self.buffered = table.num_rows - cut
 
+    def _writer(self) -> pq.ParquetWriter:
+        return pq.ParquetWriter(self.tmp, self.schema, compression="zstd", **_encodings(self.schema))
+
     def _take_buffer(self) -> pa.Table:
         """The buffered rows as a table, in the order they came; empties the buffer."""
         if not self._parts:
             return self._rows_table()
         parts, self._parts = [*self._parts, self.buffer], []
         self.buffer = []
-        return pa.table([_column_of(parts, i, f) for i, f in enumerate(self.schema)], schema=self.schema)
+        return _mixed_table(parts, self.schema)
 
     def _rows_table(self) -> pa.Table:
         """The rows buffered one by one as a table; empties that buffer."""
         columns = list(zip(*self.buffer)) or [[] for _ in self.schema.names]
         self.buffer = []
-        return pa.table([_list_column(values) if pa.types.is_list(f.type) else values
-                         for values, f in zip(columns, self.schema)], schema=self.schema)
+        return pa.table([_list_column(np.fromiter(map(len, values), dtype=np.int64, count=len(values)), values)
+                         if pa.types.is_list(f.type) else values for values, f in zip(columns, self.schema)],
+                        schema=self.schema)
 
     def close(self) -> None:
         if self.buffered or self.writer is None:  # an empty table still gets its file and schema
@@ -174,44 +178,69 @@ def _encodings(schema: pa.Schema) -> dict:
     return {"use_dictionary": strings, "column_encoding": ints}
 
 
-def _column_of(parts: list[list[tuple] | tuple[dict, int]], i: int, f: pa.Field) -> pa.Array:
-    """Column `i` (field `f`) of rows that came one by one (lists of tuples) and as columns ((columns, n))."""
-    if pa.types.is_list(f.type):
-        values = []
-        for part in parts:
-            if type(part) is list:
-                values.extend(row[i] for row in part)
-            else:
-                columns, n = part
-                values.extend([columns[f.name]] * n)
-        return _list_column(values)
-    if pa.types.is_integer(f.type):
-        pieces = []
-        for part in parts:
-            if type(part) is list:
-                pieces.append(np.array([row[i] for row in part], dtype=np.int64))
-            else:
-                columns, n = part
-                value = columns[f.name]
-                pieces.append(value if np.ndim(value) else np.full(n, value, dtype=np.int64))
-        return pa.array(np.concatenate(pieces), f.type)
-    values = []
-    for part in parts:
-        if type(part) is list:
-            values.extend(row[i] for row in part)
+def _mixed_table(parts: list[list[tuple] | tuple[dict, int]], schema: pa.Schema) -> pa.Table:
+    """Rows that came one by one (lists of tuples) and as columns ((columns, n)), in the order they came.
+
+    Each column is built with a few numpy calls over all the parts, not a call per part: a long run
+    has thousands of parts per row group.
+    """
+    sizes = np.array([len(p) if type(p) is list else p[1] for p in parts], dtype=np.int64)
+    starts = np.cumsum(sizes) - sizes
+    is_rows = np.array([type(p) is list for p in parts], dtype=bool)
+    rows = [row for p in parts if type(p) is list for row in p]
+    by_columns = [p for p in parts if type(p) is not list]
+    counts = sizes[~is_rows]
+
+    def positions(mask: np.ndarray) -> np.ndarray:  # the rows' places in the table, for the parts in mask
+        n = sizes[mask]
+        return np.repeat(starts[mask], n) + np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+
+    at_rows, at_columns = positions(is_rows), positions(~is_rows)
+    row_columns = list(zip(*rows)) if rows else [()] * len(schema)
+    arrays = []
+    for i, f in enumerate(schema):
+        values = [columns[f.name] for columns, _ in by_columns]
+        if pa.types.is_list(f.type):  # in part order: rows' arrays and each column part's ids n times
+            flat, lengths, k = [], [], iter(row_columns[i])
+            for p in parts:
+                if type(p) is list:
+                    ids = [next(k) for _ in p]
+                    flat.extend(ids)
+                    lengths.append(np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)))
+                else:
+                    ids = np.asarray(p[0][f.name], dtype=np.int64)
+                    flat.append(np.tile(ids, p[1]))
+                    lengths.append(np.full(p[1], len(ids), dtype=np.int64))
+            arrays.append(_list_column(np.concatenate(lengths), flat))
+            continue
+        arrayed = [type(v) is np.ndarray for v in values]
+        if not any(arrayed):
+            from_columns = np.repeat(np.array(values, dtype=object if not pa.types.is_integer(f.type) else np.int64),
+                                     counts)
         else:
-            columns, n = part
-            value = columns[f.name]
-            values.extend(value.tolist() if np.ndim(value) else [value] * n)
-    return pa.array(values, f.type)
+            from_columns = np.concatenate([v if a else np.full(n, v) for v, a, n in zip(values, arrayed, counts)])
+        if pa.types.is_integer(f.type):
+            column = np.empty(len(at_rows) + len(at_columns), dtype=np.int64)
+        else:
+            column = np.empty(len(at_rows) + len(at_columns), dtype=object)
+        column[at_rows] = row_columns[i]
+        column[at_columns] = from_columns
+        arrays.append(pa.array(column, f.type))
+    return pa.table(arrays, schema=schema)
 
 
-def _list_column(values: tuple) -> pa.ListArray:
-    """A list<int64> column from one int64 array (or list) per row."""
-    offsets = np.zeros(len(values) + 1, dtype=np.int32)
-    np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=len(values)), out=offsets[1:])
-    flat = np.concatenate(values).astype(np.int64, copy=False) if values else np.empty(0, dtype=np.int64)
+def _list_column(lengths: np.ndarray, pieces: list) -> pa.ListArray:
+    """A list<int64> column: row i holds lengths[i] values, taken in order from `pieces` (int64 arrays or lists)."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.concatenate(pieces).astype(np.int64, copy=False) if pieces else np.empty(0, dtype=np.int64)
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
+
+
+def _coded(schema: pa.Schema) -> pa.Schema:
+    """The schema with its string columns as int16-coded dictionaries (see _Codes)."""
+    return pa.schema([pa.field(f.name, pa.dictionary(pa.int16(), pa.string())) if pa.types.is_string(f.type) else f
+                      for f in schema])
 
 
 class _Codes(dict):
@@ -226,11 +255,15 @@ class _Codes(dict):
         code = self[text] = len(self) - 1
         return code
 
-    def column(self, codes: np.ndarray) -> pa.Array:
-        """The strings of `codes` (-1: null) as an Arrow string column."""
+    def column(self, codes: np.ndarray) -> pa.DictionaryArray:
+        """The strings of `codes` (int16, -1: null) as an Arrow dictionary column."""
         strings = pa.array([text for text in self if text is not None], pa.string())  # in code order
-        indices = pa.array(codes, mask=codes < 0)
-        return pa.DictionaryArray.from_arrays(indices, strings).cast(pa.string())
+        codes = np.ascontiguousarray(codes, dtype=np.int16)
+        valid = codes >= 0
+        # a validity bitmap made here: pa.array(codes, mask=...) took 0.5 s per 2.5 million codes
+        bitmap = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+        indices = pa.Array.from_buffers(pa.int16(), len(codes), [bitmap, pa.py_buffer(codes)])
+        return pa.DictionaryArray.from_arrays(indices, strings)
 
 
 @dataclass
@@ -254,6 +287,12 @@ class _EventTable(_Table):
         self.blocks.append((len(self.buffer), request_ids, iteration, ts_ns, first))
         self._added(len(request_ids))
 
+    def _writer(self) -> pq.ParquetWriter:
+        """Kinds and reasons go to the file as they are kept, dictionary-encoded, without turning millions
+        of codes into strings first; with no Arrow schema stored, every reader sees plain string columns."""
+        return pq.ParquetWriter(self.tmp, _coded(self.schema), compression="zstd", store_schema=False,
+                                **_encodings(self.schema))
+
     def _take_buffer(self) -> pa.Table:
         rows, blocks = self.buffer, self.blocks
         self.buffer, self.blocks = [], []
@@ -267,10 +306,10 @@ class _EventTable(_Table):
             first = np.concatenate(first)
             token, first_token = self._kinds[EventKind.TOKEN.value], self._kinds[EventKind.FIRST_TOKEN.value]
             starts = np.cumsum(lengths) - lengths
-            per_row = [j for j, v in enumerate(iterations) if np.ndim(v)]  # blocks of several iterations
+            per_row = [j for j, v in enumerate(iterations) if isinstance(v, np.ndarray)]  # blocks of several iterations
 
             def spread(values: tuple) -> np.ndarray:  # a value per block -> a value per row
-                column = np.repeat(ints([0 if np.ndim(v) else v for v in values] if per_row else values), lengths)
+                column = np.repeat(ints([0 if isinstance(v, np.ndarray) else v for v in values] if per_row else values), lengths)
                 for j in per_row:
                     column[starts[j]: starts[j] + lengths[j]] = values[j]
                 return column
@@ -284,7 +323,7 @@ class _EventTable(_Table):
             columns = [np.concatenate(pair)[order] for pair in zip(columns, block_columns)]
         ids, iterations, ts, kinds, reasons, tokens = columns
         return pa.table([ids, iterations, ts, self._kinds.column(kinds), self._reasons.column(reasons), tokens],
-                        schema=self.schema)
+                        schema=_coded(self.schema))
 
 
 class RunLog:
