@@ -158,7 +158,6 @@ def run_metadata(spec: RunSpec, runner, clock, workload: str, result: RunResult)
         "workload": workload,
         "seed": spec.seed,
         "clock_source": clock.source,
-        "fast_forwarded_iterations": result.fast_forwarded,
         "clock_epoch_unix_ns": clock.epoch_unix_ns,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
@@ -219,6 +218,7 @@ def summarize(result: RunResult, capacity: int) -> dict:
         "states": states,
         "output_tokens": tokens,
         "iterations": result.iterations,
+        "iterations_in_bulk": result.fast_forwarded,  # quiet ones run at once (Engine._run_quiet): same logs
         "slot_iterations": result.iterations * capacity,
         "idle_slot_iterations": result.idle_slot_iterations,
         "idle_held_by_finished": result.idle_finished,

@@ -29,7 +29,9 @@ def _label(runner: str, simulated: bool) -> str:
 def format_summary(s: dict, runner: str, run_dir: str) -> str:
     rows = [
         ["requests", s["requests"]], ["completed", s["completed"]], ["output tokens", s["output_tokens"]],
-        ["iterations", s["iterations"]], ["idle slot-iterations", s["idle_slot_iterations"]],
+        ["iterations", s["iterations"]],
+        *([["  of them quiet, run in bulk", s["iterations_in_bulk"]]] if s.get("iterations_in_bulk") else []),
+        ["idle slot-iterations", s["idle_slot_iterations"]],
         ["  held by finished requests", s["idle_held_by_finished"]],
         ["throughput (tok/s)", s["throughput_tok_s"]],
         ["TTFT p50 / p99 (ms)", f"{_cell(s['ttft_ms_p50'])} / {_cell(s['ttft_ms_p99'])}"],

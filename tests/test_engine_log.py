@@ -14,7 +14,7 @@ from itertrace.profiler.engine import Engine
 from itertrace.profiler.kv import BlockManager
 from itertrace.profiler.nvtx_ranges import Tracer, tokens_text
 from itertrace.profiler.request import PreemptKind, Reason
-from itertrace.profiler.runlog import RunLog
+from itertrace.profiler.runlog import ITERATIONS, RunLog
 from itertrace.profiler.scheduler import Scheduler, SchedulerConfig
 from itertrace.profiler.sim_runner import SimulatedRunner
 
@@ -52,6 +52,38 @@ def test_event_rows_and_token_blocks_keep_their_order_across_row_groups(tmp_path
     file = pq.ParquetFile(tmp_path / "events.parquet")
     assert file.read().to_pylist() == expected
     assert [file.metadata.row_group(i).num_rows for i in range(file.num_row_groups)] == [4, 4, 3]
+
+
+def test_rows_in_bulk_land_where_the_same_rows_one_by_one_would(tmp_path):
+    """Iteration rows given as columns (quiet stretches) among rows given one by one, across row groups,
+    against the same rows all given one by one; the token rows given in bulk likewise."""
+    rng = random.Random(5)
+    template = {name: 0 for name in ITERATIONS.names} | {"policy": "fcfs", "limit": "queue_empty", "simulated": True}
+    one_by_one, in_bulk = RunLog(tmp_path / "a", rows_per_group=5), RunLog(tmp_path / "b", rows_per_group=5)
+    iteration = 0
+    for _ in range(12):
+        members = np.array(rng.sample(range(50), rng.randint(0, 4)), dtype=np.int64)
+        row = template | {"iteration": iteration, "member_ids": members, "scheduled_ids": members[:1],
+                          "finished_member_ids": np.empty(0, dtype=np.int64), "limit": rng.choice(["a", "b"])}
+        one_by_one.iteration(row)
+        in_bulk.iteration(row)
+        one_by_one.token_events(members, iteration, iteration * 10, np.zeros(len(members), dtype=bool))
+        in_bulk.token_events(members, iteration, iteration * 10, np.zeros(len(members), dtype=bool))
+        n = rng.randint(0, 7)
+        numbers = np.arange(iteration + 1, iteration + 1 + n)
+        for k in range(n):
+            one_by_one.iteration(row | {"iteration": int(numbers[k]), "kv_in_use": k * k})
+            one_by_one.token_events(members, int(numbers[k]), int(numbers[k]) * 10, np.zeros(len(members), dtype=bool))
+        if n:
+            in_bulk.iterations(row | {"iteration": numbers, "kv_in_use": np.arange(n) ** 2}, n)
+            in_bulk.token_steps(members, numbers, numbers * 10)
+        iteration += n + 1
+    one_by_one.close({})
+    in_bulk.close({})
+    for name in ("iterations", "events"):
+        a, b = pq.ParquetFile(tmp_path / "a" / f"{name}.parquet"), pq.ParquetFile(tmp_path / "b" / f"{name}.parquet")
+        assert b.read().equals(a.read()), name
+        assert b.metadata.num_row_groups == a.metadata.num_row_groups > 2
 
 
 class _Recorder(Tracer):
