@@ -184,6 +184,17 @@ class Engine:
                                      f"{len(sched.running)} running, nothing schedulable ({decision.limit.value})")
                 continue
             idle_runs = 0
+            if self._fast_forward:
+                at = bisect.bisect_right(cancel_iterations, iteration)
+                ran = self._run_quiet(decision, iteration, start, queued, preempted, result,
+                                      pending[next_arrival].arrival_ns if next_arrival < len(pending) else None,
+                                      cancel_iterations[at] if at < len(cancel_iterations) else None)
+                if ran:
+                    tracer.pop()
+                    iteration += ran
+                    if self.progress is not None and iteration // 1000 > (iteration - ran) // 1000:
+                        self.progress(iteration, next_arrival)
+                    continue
             with tracer.phase(PhaseName.PREPARE):
                 if decision.swap.swap_out or decision.swap.swap_in:
                     self.runner.swap(decision.swap)
@@ -217,19 +228,11 @@ class Engine:
                 result.membership.append(decision.member_ids)
             if self.on_iteration is not None:
                 self.on_iteration(decision, start, end)
-            row = None
             if self.log is not None:
                 marks = (t_sched, t_prep, t_fwd, t_samp, t_detok)
-                row = self._iteration_row(decision, start, end, marks, queued, preempted)
-                self.log.iteration(row)
-            before, iteration = iteration, iteration + 1
-            if self._fast_forward:
-                at = bisect.bisect_left(cancel_iterations, iteration)
-                iteration = self._run_quiet(
-                    decision, row, iteration, queued, result,
-                    pending[next_arrival].arrival_ns if next_arrival < len(pending) else None,
-                    cancel_iterations[at] if at < len(cancel_iterations) else None)
-            if self.progress is not None and iteration // 1000 > before // 1000:
+                self.log.iteration(self._iteration_row(decision, start, end, marks, queued, preempted))
+            iteration += 1
+            if self.progress is not None and iteration % 1000 == 0:
                 self.progress(iteration, next_arrival)
         result.iterations = iteration
         result.end_ns = clock.now_ns()
@@ -241,48 +244,54 @@ class Engine:
                 self.log.request(self._request_row(req))
         return result
 
-    def _run_quiet(self, d: Decision, row: dict | None, iteration: int, queued: int, result: RunResult,
+    def _run_quiet(self, d: Decision, iteration: int, start: int, queued: int, preempted: int, result: RunResult,
                    next_arrival_ns: int | None, next_cancel: int | None) -> int:
-        """After an iteration (`d`) that ran only the decode rows, run the quiet iterations after it at once.
+        """Run this iteration (`d`, just scheduled) and the ones after it at once, when they are quiet.
 
-        Quiet iterations (Scheduler.quiet_rows) differ only in positions, tokens, times and KV blocks, so
-        the runner gives their times and tokens as arrays, the scheduler commits them in one go and
-        their log rows go out as columns: the same rows, events and request state as a pass of the loop
-        each (tests/test_fast_forward.py compares the two). It stops short of the iteration where a row
-        finishes or may stop, a request arrives or is canceled, or the KV pool runs short: that one runs
-        as usual. Returns the number of the iteration after the last one it ran.
+        Quiet iterations (Scheduler.quiet_rows) run only the decode rows and differ only in positions,
+        tokens, times and KV blocks, so the runner gives their times and tokens as arrays, the scheduler
+        commits them in one go and their log rows go out as columns: the same rows, events and request
+        state as a pass of the loop each (tests/test_fast_forward.py compares the two). It stops short
+        of the iteration where a row finishes or may stop, a request arrives or is canceled, or the KV
+        pool runs short: that one runs as usual. Returns how many iterations it ran (0: none; then
+        this one runs as usual).
         """
         sched = self.scheduler
         rows = sched.quiet_rows(d)
         if rows is None:
-            return iteration
+            return 0
         steps = rows.steps_to_finish()
         if next_cancel is not None:
             steps = min(steps, next_cancel - iteration)
         if steps <= 0:
-            return iteration
-        batch = rows.batch(iteration)
+            return 0
+        batch = d.batch
         dur, tokens = self.runner.run_decodes(batch, steps)
-        now = self.clock.now_ns()
-        ends = now + np.cumsum(dur)
+        ends = start + np.cumsum(dur)
         starts = ends - dur
         if next_arrival_ns is not None:  # an arrival joins the first iteration that starts at or after it
             steps = min(steps, int(starts.searchsorted(next_arrival_ns)))
         steps = rows.first_stop(tokens[:steps])
-        block_steps, block_rows = rows.blocks_ahead(steps)
+        block_steps, block_rows = rows.blocks_ahead(steps)  # this iteration's blocks are taken already
         free = sched.blocks.device.num_free
         if len(block_rows) > free:  # the first iteration the pool cannot serve runs as usual (it preempts)
             steps = int(block_steps[free])
         if steps <= 0:
-            return iteration
+            return 0
         taken = int(block_steps.searchsorted(steps))
         block_steps, block_rows = block_steps[:taken], block_rows[:taken]
         tokens, dur, starts, ends = tokens[:steps], dur[:steps], starts[:steps], ends[:steps]
-        used = sched.blocks.device.num_used
+        allocated = np.bincount(block_steps, minlength=steps)
+        in_use = sched.blocks.device.num_used + np.cumsum(allocated)
+        allocated[0] = sched.blocks.allocated_this_iteration
+        row = None
+        if self.log is not None:  # before run_quiet moves the rows on: this iteration's row, as a template
+            row = self._iteration_row(d, start, start, (start,) * 5, queued, preempted)
         sched.run_quiet(rows, tokens, block_steps, block_rows)
-        self.clock.advance(int(ends[-1]) - now)
+        self.clock.advance(int(ends[-1]) - start)
 
         ids, numbers = batch.request_ids, np.arange(iteration, iteration + steps, dtype=np.int64)
+        self._mark_tokens(iteration, np.sort(ids))
         self._last_token_ns[ids if self._dense_ids else self._ids.searchsorted(ids)] = ends[-1]
         if self.keep_tokens:
             end_ns, iterations = ends.tolist(), numbers.tolist()
@@ -296,14 +305,15 @@ class Engine:
             result.idle_while_queued += steps * idle
         if self.keep_membership:
             result.membership.extend([d.member_ids] * steps)
-        if self.log is not None:
+        if row is not None:
             self.log.token_steps(ids, numbers, ends)
-            allocated = np.bincount(block_steps, minlength=steps)
-            self.log.iterations({**row, "iteration": numbers, "start_ns": starts, "end_ns": ends, "dur_ns": dur,
-                                 "forward_ns": dur, "kv_allocated": allocated, "kv_freed": 0,
-                                 "kv_in_use": used + np.cumsum(allocated)}, steps)
+            self.log.iterations(row | {
+                "iteration": numbers, "start_ns": starts, "end_ns": ends, "dur_ns": dur, "schedule_ns": 0,
+                "prepare_ns": 0, "forward_ns": dur, "sample_ns": 0, "detokenize_ns": 0, "postprocess_ns": 0,
+                "kv_allocated": allocated, "kv_freed": np.eye(1, steps, dtype=np.int64)[0] * row["kv_freed"],
+                "kv_in_use": in_use}, steps)
         result.fast_forwarded += steps
-        return iteration + steps
+        return steps
 
     def _mark_admissions(self) -> None:
         """An `admit` mark for each request scheduled for the first time (inside this step)."""

@@ -256,13 +256,15 @@ class Scheduler:
 
     # ---- quiet iterations, all at once -------------------------------------------------------------
     def quiet_rows(self, decision: Decision) -> DecodeRows | None:
-        """The decode rows, when the iteration just committed (`decision`) ran them and nothing else and
-        left them all running; None otherwise.
+        """The decode rows, when `decision` (just scheduled, not yet run) runs them and nothing else; None
+        otherwise.
 
-        Then the iterations that follow schedule the same rows, each one position further, with the same
-        limit, until a row finishes, a request arrives or is canceled, or a row needs a block the pool
-        lacks: nothing else moves. In continuous mode that needs the queue to be empty or the slots to be
-        full (else a request may start); in static mode every live member must be a decode row.
+        Then this iteration and the ones after it schedule the same rows, each one position further,
+        with the same limit, until a row finishes, a request arrives or is canceled, or a row needs a
+        block the pool lacks: nothing else moves. A queued request that could not start now cannot start
+        then either: the token budget left to it is the same, and the free blocks (less those promised
+        to others, in preemption mode "reject") only shrink as the rows grow. In static mode every live
+        member must be a decode row.
         """
         rows = self._rows
         if (rows is None or not len(rows) or rows._joining or rows._leaving or self.events
@@ -270,8 +272,6 @@ class Scheduler:
                 or decision.swap.swap_out or decision.swap.swap_in
                 or decision.admitted or decision.resumed or decision.preempted or decision.rejected
                 or len(self.running) - len(decision.finished_member_ids) != len(rows)):
-            return None
-        if self.config.mode is Mode.CONTINUOUS and self.waiting and len(self.running) < self.config.max_num_seqs:
             return None
         return rows
 
@@ -285,6 +285,7 @@ class Scheduler:
                 for i in np.unique(block_rows).tolist():
                     self._admission.update(rows.reqs[i])
         commit_decode_steps(rows, tokens)
+        self._rows_run = 0  # as postprocess leaves it
 
     def _finish(self, req: Request, phase: Phase, reason: Reason, iteration: int) -> None:
         req.move(phase, reason, iteration)

@@ -20,6 +20,7 @@ from itertrace.profiler.batch import Batch, SamplingParams
 from itertrace.profiler.clock import SimClock
 from itertrace.profiler.engine import Engine
 from itertrace.profiler.kv import BlockManager
+from itertrace.profiler.nvtx_ranges import Tracer, tokens_text
 from itertrace.profiler.runlog import RunLog
 from itertrace.profiler.scheduler import Scheduler, SchedulerConfig
 from itertrace.profiler.session import RunSpec, run
@@ -27,13 +28,30 @@ from itertrace.profiler.sim_runner import CostModel, SimulatedRunner
 from itertrace.profiler.workloads import RequestSpec, build_requests
 
 
+class _Marks(Tracer):
+    """Keeps every NVTX mark it emits (arrive, admit, finish, tokens) in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept: list[tuple] = []
+
+    def mark(self, name, request_id) -> None:
+        self.kept.append((name, request_id))
+        super().mark(name, request_id)
+
+    def tokens(self, iteration, added, removed) -> None:
+        self.kept.append((iteration, tokens_text(added, removed)))
+        super().tokens(iteration, added, removed)
+
+
 def _run(specs, cfg, num_blocks, block_size, swap_blocks, sampling, ignore_eos, fast_forward, cost=None):
     reqs = build_requests(specs, sampling=sampling, ignore_eos=ignore_eos)
     clock = SimClock()
     blocks = BlockManager(num_blocks, block_size, swap_blocks)
+    tracer = _Marks()
     engine = Engine(Scheduler(cfg, blocks),
                     SimulatedRunner(clock, cost), clock, keep_membership=True, keep_tokens=True,
-                    fast_forward=fast_forward)
+                    fast_forward=fast_forward, tracer=tracer)
     with tempfile.TemporaryDirectory() as tmp:
         engine.log = RunLog(Path(tmp))
         result = engine.run(reqs)
@@ -41,6 +59,7 @@ def _run(specs, cfg, num_blocks, block_size, swap_blocks, sampling, ignore_eos, 
         tables = {name: pq.read_table(Path(tmp) / f"{name}.parquet") for name in ("iterations", "events", "requests")}
     state = [(r.phase, r.output_ids, r.num_computed, r.block_ids, r.transitions, r.num_preemptions) for r in reqs]
     state.append(list(blocks.device._free))  # its order says which blocks each request held, in which order
+    state.append(tracer.kept)
     times = {rid: (t.first_token_ns, t.last_token_ns, t.finish_ns, t.token_ns, t.token_iterations)
              for rid, t in result.times.items()}
     summary = (result.iterations, result.idle_slot_iterations, result.idle_finished, result.idle_while_queued,
@@ -98,6 +117,27 @@ def test_kv_running_short_within_a_quiet_stretch():
             _assert_same(slow, fast)
             skipped += fast[4]
     assert skipped > 1000
+
+
+def test_a_request_refused_for_blocks_or_budget_waits_through_quiet_stretches():
+    """The queue's head cannot start for want of KV blocks (or, chunked prefill off, of token budget) while
+    slots are free: the rows run in bulk meanwhile, and it starts in the same iteration as one by one."""
+    cases = [  # (requests, config, blocks, block size)
+        # three rows grow to 66 of the 67 blocks; the fourth, arriving at iteration 54, needs 25 for its prompt
+        ([RequestSpec(0, 8, 80) for _ in range(3)] + [RequestSpec(440_000_000, 100, 5)],
+         SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=128), 67, 4),
+        # six decodes leave 58 of 64 tokens; the seventh's 60-token prompt may not be chunked
+        ([RequestSpec(0, 8, 90) for _ in range(6)] + [RequestSpec(0, 60, 5)],
+         SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, chunked_prefill=False), 200, 4),
+    ]
+    for specs, cfg, num_blocks, block_size in cases:
+        args = (specs, cfg, num_blocks, block_size, 0, None, True)
+        slow, fast = _run(*args, fast_forward=False), _run(*args, fast_forward=True)
+        _assert_same(slow, fast)
+        iterations = slow[0]["iterations"].to_pylist()
+        waited = [r for r in iterations if r["num_waiting"] and r["slots_empty"] and not r["admitted"]]
+        assert len(waited) > 20, cfg
+        assert fast[4] > 0.5 * len(waited)
 
 
 def test_an_arrival_at_an_iteration_start_joins_that_iteration():
