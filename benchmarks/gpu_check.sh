@@ -47,5 +47,5 @@ stage run 60 itertrace run --runner torch --device cuda --workload synthetic --n
 stage bench_queries 200 python3 benchmarks/bench_queries.py --repeat 2 --capture .gpu/worked-example-continuous.arrow
 stage slot_time 150 itertrace experiment slot-time --runner torch --device cuda
 stage bench_scheduler 45 python3 benchmarks/bench_scheduler.py
-stage bench_simulated 90 python3 benchmarks/bench_simulated.py
+stage bench_simulated 180 python3 benchmarks/bench_simulated.py
 echo "all stages done after $((SECONDS - start))s"

@@ -202,17 +202,20 @@ def test_a_failing_command_leaves_nothing(tmp_path, capsys):
 @pytest.mark.nsys
 @needs_nsys
 def test_a_run_directory_the_command_names_itself(tmp_path, capsys):
-    """`--out` given to `itertrace run` (here as --out=) is where the run goes, and what is ingested."""
+    """`--out` given to `itertrace run` (here as --out=) is where the run goes, and what is ingested.
+
+    A simulated run under nsys runs every iteration one by one (none in bulk), so each has its step range."""
     out, run = tmp_path / "prof", tmp_path / "elsewhere" / "my-run"
     command = [sys.executable, "-m", "itertrace.cli", "run", "--runner", "simulated", "--workload", "synthetic",
-               "--num-requests", "3", "--output-len", "2", f"--out={run}"]
+               "--num-requests", "3", "--output-len", "40", f"--out={run}"]
     assert main(["profile", "--quiet", "--out", str(out), "--", *command]) == 0
     assert capsys.readouterr().out.strip() == str(out / "trace.duckdb")
     assert sorted(p.name for p in out.iterdir()) == ["profile.log", "report.nsys-rep", "trace.duckdb"]
     with duckdb.connect(str(out / "trace.duckdb"), read_only=True) as con:
         assert one(con, "SELECT source, runner, simulated FROM run_meta") == (str(run.resolve()), "simulated", True)
         assert one(con, "SELECT count(*) FROM run_iterations") == one(
-            con, "SELECT count(*) FROM nvtx_ranges WHERE text = 'step'")
+            con, "SELECT count(*) FROM nvtx_ranges WHERE text = 'step'") == (40,)
+    assert json.loads((run / "run.json").read_text())["summary"]["iterations_in_bulk"] == 0
 
 
 def test_missing_nsys_says_how_to_install_it(tmp_path, capsys):
