@@ -101,7 +101,7 @@ class Engine:
         self.on_iteration = on_iteration  # called with (decision, start_ns, end_ns) after each iteration
         # quiet iterations run at once (_run_quiet): only where a runner can, nobody watches each
         # iteration, and no tool records NVTX (each iteration keeps its step range under nsys)
-        self._fast_forward = (fast_forward and getattr(runner, "run_decodes", None) is not None
+        self._fast_forward = (fast_forward and getattr(runner, "decode_tokens", None) is not None
                               and on_iteration is None and not nvtx_recorded())
         # A real engine streams each token's text to its client; the simulated runner has no client,
         # so its text is decoded once, when the request row is written (the same text).
@@ -192,8 +192,9 @@ class Engine:
                 if ran:
                     tracer.pop()
                     iteration += ran
-                    if self.progress is not None and iteration // 1000 > (iteration - ran) // 1000:
-                        self.progress(iteration, next_arrival)
+                    if self.progress is not None:  # as if one by one: at each thousandth iteration
+                        for passed in range((iteration - ran) // 1000 + 1, iteration // 1000 + 1):
+                            self.progress(passed * 1000, next_arrival)
                     continue
             with tracer.phase(PhaseName.PREPARE):
                 if decision.swap.swap_out or decision.swap.swap_in:
@@ -266,12 +267,13 @@ class Engine:
         if steps <= 0:
             return 0
         batch = d.batch
-        dur, tokens = self.runner.run_decodes(batch, steps)
+        dur = self.runner.decode_times(batch, steps)
         ends = start + np.cumsum(dur)
         starts = ends - dur
         if next_arrival_ns is not None:  # an arrival joins the first iteration that starts at or after it
             steps = min(steps, int(starts.searchsorted(next_arrival_ns)))
-        steps = rows.first_stop(tokens[:steps])
+        tokens = self.runner.decode_tokens(batch, steps)
+        steps = rows.first_stop(tokens)
         block_steps, block_rows = rows.blocks_ahead(steps)  # this iteration's blocks are taken already
         free = sched.blocks.device.num_free
         if len(block_rows) > free:  # the first iteration the pool cannot serve runs as usual (it preempts)

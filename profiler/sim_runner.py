@@ -59,13 +59,15 @@ class SimulatedRunner:
         # printable ASCII, varying with request and step, so detokenized text is readable
         return 32 + (batch.sampled_ids * 7 + batch.num_generated[batch.sample]) % 95
 
-    def run_decodes(self, batch: Batch, steps: int) -> tuple[np.ndarray, np.ndarray]:
-        """`steps` iterations of an all-decode batch, each row one position further than in the last:
-        ([steps] forward times, [steps, S] sampled tokens), what `forward` and `sample` give iteration by
-        iteration. The clock does not move (the engine moves it by the iterations it keeps)."""
+    def decode_times(self, batch: Batch, steps: int) -> np.ndarray:
+        """[steps] what `forward` moves the clock by in `steps` iterations of an all-decode batch, each row
+        one position further than in the last. The clock does not move (the engine moves it)."""
+        return self.cost.decode_steps_ns(batch, steps)
+
+    def decode_tokens(self, batch: Batch, steps: int) -> np.ndarray:
+        """[steps, S] what `sample` gives in those iterations."""
         step = np.arange(steps, dtype=np.int64)[:, None]
-        tokens = 32 + (batch.request_ids * 7 + batch.num_generated + step) % 95
-        return self.cost.decode_steps_ns(batch, steps), tokens
+        return 32 + (batch.request_ids * 7 + batch.num_generated + step) % 95
 
     def swap(self, plan: SwapPlan) -> None:
         self.clock.advance(self.cost.per_swap_block_ns * (len(plan.swap_out) + len(plan.swap_in)))

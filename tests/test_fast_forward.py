@@ -154,6 +154,17 @@ def test_an_arrival_at_an_iteration_start_joins_that_iteration():
     assert fast[4] > 40
 
 
+def test_progress_is_called_at_every_thousandth_iteration_as_one_by_one():
+    calls = {}
+    for fast_forward in (False, True):
+        clock, seen = SimClock(), []
+        Engine(Scheduler(SchedulerConfig(max_num_seqs=2), BlockManager(4096, 16)), SimulatedRunner(clock), clock,
+               progress=lambda *call: seen.append(call), fast_forward=fast_forward).run(
+            build_requests([RequestSpec(0, 4, 2500), RequestSpec(0, 4, 1200)]))
+        calls[fast_forward] = seen
+    assert calls[True] == calls[False] == [(1000, 2), (2000, 2)]
+
+
 def test_no_fast_forward_while_a_tool_records_nvtx(monkeypatch, tmp_path):
     """Under nsys every iteration keeps its own step range, so a capture numbers every iteration."""
     specs = [RequestSpec(0, 16, 64) for _ in range(4)]
@@ -169,7 +180,8 @@ def test_decode_steps_match_forward_and_sample_one_by_one():
     cost = CostModel(fixed_ns=2e6 / 3, per_seq_ns=1e4 / 7, per_token_ns=4.5e4 / 11, per_context_token_ns=0.1)
     runner = SimulatedRunner(SimClock(), cost)
     ids, pos, gen = np.array([3, 17, 4]), np.array([40, 7, 1000]), np.array([5, 1, 300])
-    times, tokens = runner.run_decodes(_decode_batch(ids, pos, gen), 50)
+    times = runner.decode_times(_decode_batch(ids, pos, gen), 50)
+    tokens = runner.decode_tokens(_decode_batch(ids, pos, gen), 50)
     for step in range(50):
         batch = _decode_batch(ids, pos + step, gen + step)
         assert times[step] == cost.forward_ns(batch)
