@@ -143,14 +143,20 @@ class DecodeRows:
         The block goes into the tables in place, at the -1 entry where the row's next token goes (as
         Batch allows); a row past the tables' last column makes new, wider tables instead.
         """
-        column = self.room[rows] // self._block_size  # [G] where each row's new block goes
+        self._put_blocks(rows, self.room[rows] // self._block_size, blocks)  # the column where each goes
+        self.room[rows] += self._block_size  # room is never handed out
+
+    def _put_blocks(self, rows: np.ndarray, column: np.ndarray, blocks: BlockManager) -> None:
+        """A new block for each of `rows`, in that order, into its table at `column`."""
         new = blocks.append_blocks([self.reqs[i] for i in rows.tolist()])
         try:
             self.tables[rows, column] = new
         except IndexError:  # past the last column (nothing was written)
-            self.tables = _padded(self.tables, 2 * self.tables.shape[1] + 1)
+            width = self.tables.shape[1]
+            while int(column.max()) >= width:
+                width = 2 * width + 1
+            self.tables = _padded(self.tables, width)
             self.tables[rows, column] = new
-        self.room[rows] += self._block_size  # room is never handed out
 
     def steps_to_finish(self) -> int:
         """Iterations the rows run before one of them samples its last token (max_tokens): none of these
@@ -180,13 +186,7 @@ class DecodeRows:
     def grow_ahead(self, steps: np.ndarray, rows: np.ndarray, blocks: BlockManager) -> None:
         """Take the blocks of `blocks_ahead` at once: the same blocks, in the same places, as `grow` would
         iteration by iteration (the caller made sure the pool has them)."""
-        column = (self.pos[rows] + steps) // self._block_size
-        new = blocks.append_blocks([self.reqs[i] for i in rows.tolist()])
-        width = self.tables.shape[1]
-        while int(column.max()) >= width:
-            width = 2 * width + 1
-        self.tables = _padded(self.tables, width)
-        self.tables[rows, column] = new
+        self._put_blocks(rows, (self.pos[rows] + steps) // self._block_size, blocks)
         self.room += self._block_size * np.bincount(rows, minlength=len(self.reqs))
 
     def work(self) -> list[tuple[Request, int]]:

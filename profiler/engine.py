@@ -294,7 +294,7 @@ class Engine:
 
         ids, numbers = batch.request_ids, np.arange(iteration, iteration + steps, dtype=np.int64)
         self._mark_tokens(iteration, np.sort(ids))
-        self._last_token_ns[ids if self._dense_ids else self._ids.searchsorted(ids)] = ends[-1]
+        self._set_last_token(ids, ends[-1])
         if self.keep_tokens:
             end_ns, iterations = ends.tolist(), numbers.tolist()
             for rid in ids.tolist():
@@ -309,11 +309,10 @@ class Engine:
             result.membership.extend([d.member_ids] * steps)
         if row is not None:
             self.log.token_steps(ids, numbers, ends)
-            self.log.iterations(row | {
+            self.log.iterations(row | {  # the rest as in this iteration's row (kv_freed: 0 in a quiet one)
                 "iteration": numbers, "start_ns": starts, "end_ns": ends, "dur_ns": dur, "schedule_ns": 0,
                 "prepare_ns": 0, "forward_ns": dur, "sample_ns": 0, "detokenize_ns": 0, "postprocess_ns": 0,
-                "kv_allocated": allocated, "kv_freed": np.eye(1, steps, dtype=np.int64)[0] * row["kv_freed"],
-                "kv_in_use": in_use}, steps)
+                "kv_allocated": allocated, "kv_in_use": in_use}, steps)
         result.fast_forwarded += steps
         return steps
 
@@ -377,7 +376,7 @@ class Engine:
             times = self._times[rid]
             if times.first_token_ns is None:
                 times.first_token_ns = ts
-        self._last_token_ns[ids if self._dense_ids else self._ids.searchsorted(ids)] = ts
+        self._set_last_token(ids, ts)
         if self.keep_tokens:
             for rid in ids.tolist():
                 times = self._times[rid]
@@ -385,6 +384,9 @@ class Engine:
                 times.token_iterations.append(ev.iteration)
         if self.log is not None:
             self.log.token_events(ids, ev.iteration, ts, ev.first)
+
+    def _set_last_token(self, ids: np.ndarray, ts: int) -> None:
+        self._last_token_ns[ids if self._dense_ids else self._ids.searchsorted(ids)] = ts
 
     def _iteration_row(self, d: Decision, start: int, end: int, marks: tuple[int, ...], queued: int,
                        preempted: int) -> dict:

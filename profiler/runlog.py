@@ -199,7 +199,6 @@ def _mixed_table(parts: list[list[tuple] | tuple[dict, int]], schema: pa.Schema)
     row_columns = list(zip(*rows)) if rows else [()] * len(schema)
     arrays = []
     for i, f in enumerate(schema):
-        values = [columns[f.name] for columns, _ in by_columns]
         if pa.types.is_list(f.type):  # in part order: rows' arrays and each column part's ids n times
             flat, lengths, k = [], [], iter(row_columns[i])
             for p in parts:
@@ -213,6 +212,7 @@ def _mixed_table(parts: list[list[tuple] | tuple[dict, int]], schema: pa.Schema)
                     lengths.append(np.full(p[1], len(ids), dtype=np.int64))
             arrays.append(_list_column(np.concatenate(lengths), flat))
             continue
+        values = [columns[f.name] for columns, _ in by_columns]
         arrayed = [type(v) is np.ndarray for v in values]
         if not any(arrayed):
             from_columns = np.repeat(np.array(values, dtype=object if not pa.types.is_integer(f.type) else np.int64),
@@ -309,7 +309,8 @@ class _EventTable(_Table):
             per_row = [j for j, v in enumerate(iterations) if isinstance(v, np.ndarray)]  # blocks of several iterations
 
             def spread(values: tuple) -> np.ndarray:  # a value per block -> a value per row
-                column = np.repeat(ints([0 if isinstance(v, np.ndarray) else v for v in values] if per_row else values), lengths)
+                scalars = [0 if isinstance(v, np.ndarray) else v for v in values] if per_row else values
+                column = np.repeat(ints(scalars), lengths)
                 for j in per_row:
                     column[starts[j]: starts[j] + lengths[j]] = values[j]
                 return column

@@ -267,7 +267,7 @@ class Scheduler:
         member must be a decode row.
         """
         rows = self._rows
-        if (rows is None or not len(rows) or rows._joining or rows._leaving or self.events
+        if (rows is None or not len(rows) or self.events
                 or decision.batch.num_seqs != len(rows) or decision.prefill_tokens or decision.stalled_member_ids
                 or decision.swap.swap_out or decision.swap.swap_in
                 or decision.admitted or decision.resumed or decision.preempted or decision.rejected

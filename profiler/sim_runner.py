@@ -27,16 +27,24 @@ class CostModel:
     def forward_ns(self, batch: Batch) -> int:
         tokens = len(batch.token_ids)
         context = int(batch.start_pos.sum()) + tokens  # KV positions attention reads, as a paged kernel does
-        return int(self.fixed_ns + self.per_seq_ns * len(batch.start_pos) + self.per_token_ns * tokens
-                   + self.per_context_token_ns * context)
+        return int(self._ns(len(batch.start_pos), tokens, context))
 
     def decode_steps_ns(self, batch: Batch, steps: int) -> np.ndarray:
         """[steps] `forward_ns` of an all-decode batch and of the `steps - 1` batches that follow it, each
-        row one position further: the same arithmetic in the same order, on an array of contexts."""
+        row one position further: the same arithmetic, on an array of contexts."""
         seqs = len(batch.start_pos)
         context = int(batch.start_pos.sum()) + seqs + seqs * np.arange(steps, dtype=np.int64)
-        fixed = self.fixed_ns + self.per_seq_ns * seqs + self.per_token_ns * seqs
-        return (fixed + self.per_context_token_ns * context).astype(np.int64)
+        return self._ns(seqs, seqs, context).astype(np.int64)
+
+    def _ns(self, seqs: int, tokens: int, context):
+        """The model, for one context or an array of them (the same operations in the same order)."""
+        return self.fixed_ns + self.per_seq_ns * seqs + self.per_token_ns * tokens + self.per_context_token_ns * context
+
+
+def _tokens(request_ids: np.ndarray, generated: np.ndarray) -> np.ndarray:
+    """The token a request samples after `generated` tokens: printable ASCII, varying with request and
+    step, so detokenized text is readable."""
+    return 32 + (request_ids * 7 + generated) % 95
 
 
 class SimulatedRunner:
@@ -56,8 +64,7 @@ class SimulatedRunner:
         self.clock.advance(self.cost.forward_ns(prepared))
 
     def sample(self, batch: Batch, logits: None) -> np.ndarray:
-        # printable ASCII, varying with request and step, so detokenized text is readable
-        return 32 + (batch.sampled_ids * 7 + batch.num_generated[batch.sample]) % 95
+        return _tokens(batch.sampled_ids, batch.num_generated[batch.sample])
 
     def decode_times(self, batch: Batch, steps: int) -> np.ndarray:
         """[steps] what `forward` moves the clock by in `steps` iterations of an all-decode batch, each row
@@ -66,8 +73,7 @@ class SimulatedRunner:
 
     def decode_tokens(self, batch: Batch, steps: int) -> np.ndarray:
         """[steps, S] what `sample` gives in those iterations."""
-        step = np.arange(steps, dtype=np.int64)[:, None]
-        return 32 + (batch.request_ids * 7 + batch.num_generated + step) % 95
+        return _tokens(batch.request_ids, batch.num_generated + np.arange(steps, dtype=np.int64)[:, None])
 
     def swap(self, plan: SwapPlan) -> None:
         self.clock.advance(self.cost.per_swap_block_ns * (len(plan.swap_out) + len(plan.swap_in)))
