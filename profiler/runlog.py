@@ -3,12 +3,17 @@
 Rows are buffered column by column and flushed in row groups, so a 100,000-request simulated run
 streams to disk instead of piling up in memory. Files are written under temporary names and renamed
 when the run closes, so a crashed run never leaves a table that looks complete.
+
+Row groups are built into Arrow tables on the engine's thread and written (encoded, compressed) on
+one writer thread, which does that without holding the GIL, so the writing overlaps the engine's
+loop. (Building tables there too was slower: it needs the GIL, and the two threads took turns.)
 """
 from __future__ import annotations
 
 import json
 import operator
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,20 +94,22 @@ _REQUEST_ROW = operator.itemgetter(*REQUESTS.names)
 
 @dataclass
 class _Table:
-    """Rows buffered as tuples in schema order, written a row group at a time."""
+    """Rows buffered as tuples in schema order, written a row group at a time on the writer thread."""
 
     path: Path
     schema: pa.Schema
     rows_per_group: int
-    writer: pq.ParquetWriter | None = None
+    writer_thread: ThreadPoolExecutor
     rows: int = 0  # written or buffered
     buffer: list[tuple] = field(default_factory=list)
     buffered: int = 0  # rows not yet written
 
     def __post_init__(self) -> None:
         self.tmp = self.path.with_name(self.path.name + ".partial")
+        self.writer: pq.ParquetWriter | None = None  # written to on the writer thread only
         self._carry: pa.Table | None = None  # ordered rows short of a row group, from the last flush
         self._parts: list[list[tuple] | tuple[dict, int]] = []  # rows that came as columns, and the rows before them
+        self._pending: list[Future] = []  # row groups handed to the writer thread, oldest first
 
     def append(self, row: tuple) -> None:
         self.buffer.append(row)
@@ -110,7 +117,8 @@ class _Table:
 
     def append_columns(self, columns: dict, n: int) -> None:
         """`n` rows at once: per column an array of n values, or one value for every row (for a list
-        column, one id array every row holds). Integer columns then take no nulls."""
+        column, one id array every row holds). Integer columns then take no nulls. The arrays are kept
+        as they are until written: the caller must not write them again."""
         if self.buffer:
             self._parts.append(self.buffer)
             self.buffer = []
@@ -124,7 +132,9 @@ class _Table:
             self.flush()
 
     def flush(self, final: bool = False) -> None:
-        """Write whole row groups of `rows_per_group` rows (and, when final, the rest)."""
+        """Write whole row groups of `rows_per_group` rows (and, when final, the rest): the table is built
+        here, and encoded and compressed on the writer thread. The first error it met is raised here."""
+        self._raise_errors(wait=False)
         if self.writer is None:
             self.writer = self._writer()
         table = self._take_buffer()
@@ -132,34 +142,42 @@ class _Table:
             table = pa.concat_tables([self._carry, table])
         cut = table.num_rows if final else table.num_rows - table.num_rows % self.rows_per_group
         if cut or table.num_rows == 0:
-            self.writer.write_table(table.slice(0, cut), row_group_size=self.rows_per_group)
+            self._pending.append(self.writer_thread.submit(
+                self.writer.write_table, table.slice(0, cut), row_group_size=self.rows_per_group))
         self._carry = table.slice(cut) if cut < table.num_rows else None
         self.buffered = table.num_rows - cut
+        if final:
+            self._raise_errors(wait=True)
+
+    def _raise_errors(self, wait: bool) -> None:
+        """Forget finished writes, raising the first one's error; with `wait`, wait for all of them."""
+        while self._pending and (wait or self._pending[0].done()):
+            self._pending.pop(0).result()
 
     def _writer(self) -> pq.ParquetWriter:
         return pq.ParquetWriter(self.tmp, self.schema, compression="zstd", **_encodings(self.schema))
 
     def _take_buffer(self) -> pa.Table:
         """The buffered rows as a table, in the order they came; empties the buffer."""
-        if not self._parts:
-            return self._rows_table()
-        parts, self._parts = [*self._parts, self.buffer], []
-        self.buffer = []
-        return _mixed_table(parts, self.schema)
-
-    def _rows_table(self) -> pa.Table:
-        """The rows buffered one by one as a table; empties that buffer."""
-        columns = list(zip(*self.buffer)) or [[] for _ in self.schema.names]
-        self.buffer = []
-        return pa.table([_list_column(np.fromiter(map(len, values), dtype=np.int64, count=len(values)), values)
-                         if pa.types.is_list(f.type) else values for values, f in zip(columns, self.schema)],
-                        schema=self.schema)
+        parts, rows = self._parts, self.buffer
+        self._parts, self.buffer = [], []
+        if parts:  # some rows came as columns
+            return _mixed_table([*parts, rows], self.schema)
+        return _rows_table(rows, self.schema)
 
     def close(self) -> None:
         if self.buffered or self.writer is None:  # an empty table still gets its file and schema
             self.flush(final=True)
+        self._raise_errors(wait=True)
         self.writer.close()
         os.replace(self.tmp, self.path)
+
+
+def _rows_table(rows: list[tuple], schema: pa.Schema) -> pa.Table:
+    """Rows that came one by one as a table."""
+    columns = list(zip(*rows)) or [[] for _ in schema.names]
+    return pa.table([_list_column(np.fromiter(map(len, values), dtype=np.int64, count=len(values)), values)
+                     if pa.types.is_list(f.type) else values for values, f in zip(columns, schema)], schema=schema)
 
 
 def _encodings(schema: pa.Schema) -> dict:
@@ -333,8 +351,10 @@ class RunLog:
     def __init__(self, run_dir: Path, rows_per_group: int = 200_000) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        # one thread for all three tables: each table's row groups are written in the order they came
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="itertrace-runlog")
         self._tables = {name: (_EventTable if name == "events" else _Table)(
-            self.run_dir / f"{name}.parquet", schema, rows_per_group) for name, schema in TABLES.items()}
+            self.run_dir / f"{name}.parquet", schema, rows_per_group, self._thread) for name, schema in TABLES.items()}
 
     def iteration(self, row: dict) -> None:
         self._tables["iterations"].append(_ITERATION_ROW(row))
@@ -365,6 +385,7 @@ class RunLog:
         """Finish every table and write run.json last: its presence marks a complete run directory."""
         for table in self._tables.values():
             table.close()
+        self._thread.shutdown()
         meta = dict(meta, tables={name: t.rows for name, t in self._tables.items()})
         tmp = self.run_dir / "run.json.partial"
         tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")

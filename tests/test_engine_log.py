@@ -6,6 +6,7 @@ import random
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
 from itertrace.profiler import workloads as wl
 from itertrace.profiler.clock import SimClock
@@ -122,3 +123,19 @@ def test_tokens_marks_are_the_changes_in_who_got_a_token(tmp_path):
         previous = now
     assert tracer.marks == expected
     assert any(" -" in text for text in expected.values()) and len(expected) > 10
+
+
+def test_a_failed_write_on_the_writer_thread_is_raised_and_leaves_no_complete_table(tmp_path, monkeypatch):
+    """Row groups are written on a thread: its error must reach the engine's thread, and the run
+    directory must not look complete (no run.json, no table under its final name)."""
+    log = RunLog(tmp_path, rows_per_group=2)
+
+    def full_disk(self, table, row_group_size=None):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", full_disk)
+    with pytest.raises(OSError, match="No space left"):  # at a later flush, or at the latest at close
+        for i in range(5):  # two row groups handed over while the rows come, the last row at close
+            log.event(i, i, i, "arrive", "arrived", 0)
+        log.close({})
+    assert not (tmp_path / "run.json").exists() and not (tmp_path / "events.parquet").exists()
