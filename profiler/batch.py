@@ -62,7 +62,7 @@ class Batch:
     request_ids: np.ndarray  # [S] int64
     start_pos: np.ndarray  # [S] int64: position of each sequence's first token this iteration
     num_tokens: np.ndarray  # [S] int64: tokens each sequence runs this iteration (1 for a decode)
-    token_ids: np.ndarray  # [T] int64: every sequence's tokens, one sequence after the other
+    token_ids: np.ndarray  # [T] int64: every sequence's tokens in turn (-1: unread, see Scheduler.read_tokens)
     sample: np.ndarray  # [S] bool: the chunk reaches the sequence's end, so a token is sampled
     block_tables: np.ndarray  # [S, max_blocks] int64, padded with -1; covers [0, start_pos + num_tokens)
     num_generated: np.ndarray  # [S] int64: output tokens each request already has
@@ -145,6 +145,7 @@ class Runner(Protocol):
 
     name: str
     simulated: bool
+    reads_tokens: bool  # False: forward needs only how many tokens each row runs (see Scheduler.read_tokens)
 
     def prepare(self, batch: Batch) -> object: ...
 

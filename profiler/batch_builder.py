@@ -21,8 +21,11 @@ from itertrace.profiler.policies import SortKey
 from itertrace.profiler.request import Request
 
 
-def build_batch(head: Batch, work: list[tuple[Request, int]]) -> Batch:
-    """The rows of `head` (the decode rows), then one row per (request, tokens this iteration) of `work`."""
+def build_batch(head: Batch, work: list[tuple[Request, int]], read_tokens: bool = True) -> Batch:
+    """The rows of `head` (the decode rows), then one row per (request, tokens this iteration) of `work`.
+
+    Without `read_tokens` (a runner that needs only how many tokens a row runs), prefill chunks carry
+    -1 for their tokens, so that synthetic prompts are never made."""
     columns, tokens = [], []  # columns: (request id, start, tokens, sample, generated) per request
     for r, k in work:  # one pass over the requests
         pos, outputs = r.num_computed, len(r.output_ids)
@@ -30,7 +33,7 @@ def build_batch(head: Batch, work: list[tuple[Request, int]]) -> Batch:
         if k == 1 and outputs and pos == len(r.prompt_ids) + outputs - 1:
             tokens.append(r.output_ids[-1])  # a decode: its last sampled token
         else:
-            tokens += r.token_slice(pos, k)
+            tokens += r.token_slice(pos, k) if read_tokens else [-1] * k
     ids, start, counts, sample, generated = np.array(columns, dtype=np.int64).reshape(len(work), 5).T
     width = max(head.block_tables.shape[1], max((len(r.block_ids) for r, _ in work), default=0))
     join = np.concatenate

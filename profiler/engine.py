@@ -92,6 +92,7 @@ class Engine:
                  on_iteration: Callable[[Decision, int, int], None] | None = None, fast_forward: bool = True) -> None:
         self.scheduler = scheduler
         self.runner = runner
+        scheduler.read_tokens = getattr(runner, "reads_tokens", True)
         self.clock = clock
         self.log = log
         self.tracer = tracer or Tracer()

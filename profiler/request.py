@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from itertrace.profiler.batch import SamplingParams
@@ -68,7 +69,7 @@ class Request:
     """A request as the scheduler sees it. Token ids are prompt followed by output."""
 
     request_id: int
-    prompt_ids: list[int]
+    prompt_ids: Sequence[int]  # a list, or a SynthPrompt (made when first read)
     sampling: SamplingParams
     arrival_ns: int = 0
     priority: int = 0  # lower is more urgent, as in vLLM
@@ -85,10 +86,6 @@ class Request:
     enqueued_iteration: int = 0  # when it last joined the queue (for aging)
     first_scheduled_iteration: int | None = None
     num_preemptions: int = 0
-
-    @property
-    def all_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
 
     @property
     def num_tokens(self) -> int:

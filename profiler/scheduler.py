@@ -57,6 +57,9 @@ class Scheduler:
         self._rows: DecodeRows | None = None  # the running decodes as arrays (None: rebuild)
         self._rows_run = 0  # how many leading rows of the last decision came from self._rows
         self._prefill_room = prefill_room(config)
+        # False (set by the engine for a runner that never reads token ids): prefill chunks carry -1
+        # for their tokens, so a synthetic prompt is never made (see tokenizer.SynthPrompt)
+        self.read_tokens = True
 
     # ---- requests coming and going -------------------------------------------------------------
     def add(self, req: Request, iteration: int) -> None:
@@ -325,7 +328,7 @@ class Scheduler:
         work = budget.work
         batch, decode = rows.batch(iteration), len(rows)
         if work:
-            batch = build_batch(batch, work)
+            batch = build_batch(batch, work, self.read_tokens)
             decode += sum(n for r, n in work if r.phase is Phase.DECODE)
         stalled = []
         if len(self.running) > len(rows) + len(work):  # someone holding a slot ran nothing

@@ -52,6 +52,7 @@ class SimulatedRunner:
 
     name = "simulated"
     simulated = True
+    reads_tokens = False  # the cost model counts tokens; it never reads them
 
     def __init__(self, clock: SimClock, cost: CostModel | None = None) -> None:
         self.clock = clock

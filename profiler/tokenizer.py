@@ -53,7 +53,9 @@ class IncrementalDetokenizer:
 # `choices(ascii_lowercase, k=that)`. Those ids are part of every run log's inputs, so they must not
 # change; the code below gives the same ids from the same Mersenne Twister outputs, about three times
 # faster, by drawing the words' 32-bit outputs in one call and turning them into letters with
-# numpy (seeding a generator per prompt is now the larger part of the cost).
+# numpy (seeding a generator per prompt is now the larger part of the cost). Requests hold a
+# `SynthPrompt`, which makes its ids only when they are first read: the simulated runner never reads
+# them, so a 100,000-request simulated run makes none.
 # tests/test_tokenizer.py keeps the loop, and holds the two equal.
 #
 # How `random` consumes 32-bit outputs u[0], u[1], ... (CPython's _randommodule.c and random.py):
@@ -65,7 +67,6 @@ class IncrementalDetokenizer:
 
 _DRAWS_PER_CHAR = 2  # a letter takes 2 outputs; a word's randint 16/9 in the mean, under the 2 its space gets
 _DRAWS_SPARE = 32  # past the mean; when a prompt needs more than this, it is drawn again with twice as many
-_BATCH_DRAWS = 1 << 16  # outputs per numpy pass in synth_prompts: in cache, _tables runs 4x faster than at 1 << 20
 
 
 def _draws(rng: random.Random, n: int) -> bytes:
@@ -91,10 +92,10 @@ def _tables(raw: bytes) -> tuple[bytes, bytes]:
     return nibbles.tobytes(), letters.tobytes()
 
 
-def _prompt_from_tables(length: int, nibbles: bytes, letters: bytes, start: int, stop: int) -> list[int] | None:
-    """The prompt drawn from outputs [start, stop) of the tables; None if it needs outputs past `stop`."""
+def _prompt_from_tables(length: int, nibbles: bytes, letters: bytes) -> list[int] | None:
+    """The prompt drawn from the tables' outputs; None if it needs more outputs than they hold."""
     out = bytearray()
-    p = start
+    p, stop = 0, len(nibbles)
     while len(out) < length:
         while p < stop and nibbles[p] >= 9:  # randint(1, 9) rejects 9..15 and draws again
             p += 1
@@ -112,44 +113,51 @@ def _prompt_from_tables(length: int, nibbles: bytes, letters: bytes, start: int,
 
 def synth_prompt(length: int, seed: int) -> list[int]:
     """A deterministic prompt of exactly `length` tokens: lowercase words separated by single spaces."""
-    return synth_prompts([length], [seed])[0]
-
-
-def synth_prompts(lengths: Sequence[int], seeds: Sequence[int]) -> list[list[int]]:
-    """`synth_prompt(length, seed)` for each pair, with the numpy work shared by many prompts at a time."""
-    if len(lengths) != len(seeds):
-        raise ValueError(f"{len(lengths)} lengths but {len(seeds)} seeds")
-    for length in lengths:
-        if length < 0:
-            raise ValueError(f"prompt length must be >= 0, got {length}")
-    prompts: list[list[int]] = []
-    i = 0
-    while i < len(lengths):  # one numpy pass per batch of prompts of up to _BATCH_DRAWS outputs in all
-        chunks, stops, total = [], [], 0
-        while i + len(chunks) < len(lengths) and (not chunks or total < _BATCH_DRAWS):
-            length, seed = lengths[i + len(chunks)], seeds[i + len(chunks)]
-            n = _DRAWS_PER_CHAR * length + _DRAWS_SPARE if length else 0
-            chunks.append(_draws(random.Random(seed), n))
-            total += n
-            stops.append(total)
-        nibbles, letters = _tables(b"".join(chunks))
-        start = 0
-        for j, stop in enumerate(stops):
-            prompt = _prompt_from_tables(lengths[i + j], nibbles, letters, start, stop)
-            if prompt is None:  # rare: the prompt's words took more outputs than drawn; draw more
-                prompt = _synth_prompt_long(lengths[i + j], seeds[i + j], 2 * (stop - start))
-            prompts.append(prompt)
-            start = stop
-        i += len(chunks)
-    return prompts
-
-
-def _synth_prompt_long(length: int, seed: int, n: int) -> list[int]:
-    """One prompt from `n` outputs of its generator, doubling `n` until they suffice."""
-    while True:
+    if length < 0:
+        raise ValueError(f"prompt length must be >= 0, got {length}")
+    if length == 0:
+        return []
+    n = _DRAWS_PER_CHAR * length + _DRAWS_SPARE
+    while True:  # rarely more than once: when the words took more outputs than drawn, draw twice as many
         nibbles, letters = _tables(_draws(random.Random(seed), n))
-        prompt = _prompt_from_tables(length, nibbles, letters, 0, n)
+        prompt = _prompt_from_tables(length, nibbles, letters)
         if prompt is not None:
             return prompt
         n *= 2
 
+
+class SynthPrompt(Sequence):
+    """`synth_prompt(length, seed)` as a sequence of ids, made when first read: its length is known
+    without them. A request's prompt; the simulated runner only ever asks for its length."""
+
+    __slots__ = ("seed", "_length", "_ids")
+
+    def __init__(self, length: int, seed: int) -> None:
+        if length < 0:
+            raise ValueError(f"prompt length must be >= 0, got {length}")
+        self._length, self.seed, self._ids = length, seed, None
+
+    @property
+    def ids(self) -> list[int]:
+        if self._ids is None:
+            self._ids = synth_prompt(self._length, self.seed)
+        return self._ids
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index):
+        return self.ids[index]
+
+    def __iter__(self):
+        return iter(self.ids)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, SynthPrompt):
+            other = other.ids
+        return self.ids == other if isinstance(other, list) else NotImplemented
+
+    __hash__ = None  # a sequence compared by value, as a list
+
+    def __repr__(self) -> str:
+        return f"SynthPrompt(length={self._length}, seed={self.seed})"

@@ -140,6 +140,7 @@ class TorchRunner:
 
     name = "torch"
     simulated = False
+    reads_tokens = True
 
     def __init__(
         self,

@@ -14,7 +14,7 @@ from itertrace.errors import UserError
 from itertrace.profiler.batch import SamplingParams
 from itertrace.profiler.gcquiet import no_full_collections
 from itertrace.profiler.request import Request
-from itertrace.profiler.tokenizer import EOS, synth_prompts
+from itertrace.profiler.tokenizer import EOS, SynthPrompt
 
 # The seed's variable workload: mean output length exactly 128, as the uniform one.
 VARIABLE_LENGTHS = (8, 16, 32, 64, 128, 256, 512, 1024)
@@ -42,15 +42,13 @@ def build_requests(specs: list[RequestSpec], *, seed: int = 0, sampling: Samplin
     """
     base = sampling or SamplingParams()
     with no_full_collections():  # millions of long-lived objects (see gcquiet)
-        # all prompts in one call: synth_prompts shares its numpy work between them
-        seeds = [seed * 1_000_003 + i for i in range(len(specs))]  # each request's prompt and sampling
-        prompts = synth_prompts([spec.prompt_tokens for spec in specs], seeds)
         out = []
-        for i, (spec, prompt_ids) in enumerate(zip(specs, prompts)):
+        for i, spec in enumerate(specs):
+            request_seed = seed * 1_000_003 + i  # the request's prompt and sampling
             sp = replace(base, max_tokens=spec.output_tokens, stop_token_ids=base.stop_token_ids or (EOS,),
-                         ignore_eos=ignore_eos, seed=base.seed + seeds[i])
+                         ignore_eos=ignore_eos, seed=base.seed + request_seed)
             out.append(Request(
-                request_id=i, prompt_ids=prompt_ids, sampling=sp,
+                request_id=i, prompt_ids=SynthPrompt(spec.prompt_tokens, request_seed), sampling=sp,
                 arrival_ns=spec.arrival_ns, priority=spec.priority, tenant=spec.tenant,
                 deadline_ns=spec.deadline_ns, cancel_at_iteration=spec.cancel_at_iteration,
             ))

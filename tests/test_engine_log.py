@@ -139,3 +139,51 @@ def test_a_failed_write_on_the_writer_thread_is_raised_and_leaves_no_complete_ta
             log.event(i, i, i, "arrive", "arrived", 0)
         log.close({})
     assert not (tmp_path / "run.json").exists() and not (tmp_path / "events.parquet").exists()
+
+
+class _ReadingRunner(SimulatedRunner):
+    """The simulated runner as a runner that reads token ids: it keeps every batch's ids and positions."""
+
+    reads_tokens = True
+
+    def __init__(self, clock) -> None:
+        super().__init__(clock)
+        self.seen: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def forward(self, prepared) -> None:
+        self.seen.append((prepared.request_ids, prepared.start_pos, prepared.num_tokens, prepared.token_ids))
+        super().forward(prepared)
+
+
+def _logged_run(runner_class, tmp_path):
+    specs = [wl.RequestSpec(i * 3_000_000, 20 + 9 * (i % 6), 12 + 7 * (i % 5)) for i in range(14)]
+    reqs = wl.build_requests(specs)
+    clock = SimClock()
+    runner = runner_class(clock)
+    cfg = SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=48)  # prompts run in chunks
+    engine = Engine(Scheduler(cfg, BlockManager(16, 8)), runner, clock, log=RunLog(tmp_path))  # short of KV
+    engine.run(reqs)
+    engine.log.close({})
+    tables = {name: pq.read_table(tmp_path / f"{name}.parquet") for name in ("iterations", "events", "requests")}
+    return reqs, runner, tables
+
+
+def test_a_runner_that_never_reads_tokens_makes_no_prompt_and_logs_the_same_run(tmp_path):
+    """The simulated runner needs only how many tokens each row runs: its batches carry -1 for prefill
+    tokens and no synthetic prompt is ever made. A runner that reads them gets every row's real ids
+    (prompt, then output after a recompute); the two runs' logs are identical."""
+    reqs, _, tables = _logged_run(SimulatedRunner, tmp_path / "sim")
+    assert all(r.prompt_ids._ids is None for r in reqs)  # never made
+    read_reqs, reader, read_tables = _logged_run(_ReadingRunner, tmp_path / "read")
+    for name, table in tables.items():
+        assert read_tables[name].equals(table), f"{name} table differs"
+    assert sum(r.num_preemptions for r in read_reqs) > 0  # recomputes replay prompt and output tokens
+    by_id = {r.request_id: r for r in read_reqs}
+    chunks = 0
+    for ids, starts, counts, tokens in reader.seen:
+        ends = np.cumsum(counts)
+        for rid, start, n, end in zip(ids.tolist(), starts.tolist(), counts.tolist(), ends.tolist()):
+            r = by_id[rid]
+            assert tokens[end - n: end].tolist() == [*r.prompt_ids, *r.output_ids][start: start + n]
+            chunks += n > 1
+    assert chunks > len(read_reqs)  # prompts ran in chunks, and again after recomputes

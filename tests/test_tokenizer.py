@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from itertrace.profiler import tokenizer
-from itertrace.profiler.tokenizer import (BOS, EOS, PAD, IncrementalDetokenizer, decode,
-                                          encode, synth_prompt, synth_prompts)
+from itertrace.profiler.tokenizer import (BOS, EOS, PAD, IncrementalDetokenizer, SynthPrompt, decode,
+                                          encode, synth_prompt)
 
 TEXT = "naïve 東京 🎉"
 
@@ -81,22 +81,28 @@ def _synth_prompt_reference(length: int, seed: int) -> list[int]:
     return encode((" ".join(words) + " ")[:length])
 
 
-def test_synth_prompts_equal_the_reference_loop(monkeypatch) -> None:
+def test_synth_prompt_equals_the_reference_loop(monkeypatch) -> None:
     lengths = [*range(0, 140), 1000, 5000, 20_000]
     seeds = [s * 7919 - 300 for s in range(len(lengths))]  # negative ones too: random uses abs(seed)
     want = [_synth_prompt_reference(n, s) for n, s in zip(lengths, seeds)]
-    assert synth_prompts(lengths, seeds) == want
     assert [synth_prompt(n, s) for n, s in zip(lengths, seeds)] == want
-    assert synth_prompts([200], [2**70 + 1]) == [_synth_prompt_reference(200, 2**70 + 1)]  # a multi-word seed
-    # Small numpy batches, and too few outputs drawn up front: every prompt takes the redraw path.
-    monkeypatch.setattr(tokenizer, "_BATCH_DRAWS", 500)
+    assert synth_prompt(200, 2**70 + 1) == _synth_prompt_reference(200, 2**70 + 1)  # a multi-word seed
+    # Too few outputs drawn up front: every prompt takes the redraw path.
     monkeypatch.setattr(tokenizer, "_DRAWS_PER_CHAR", 1)
     monkeypatch.setattr(tokenizer, "_DRAWS_SPARE", 0)
-    assert synth_prompts(lengths, seeds) == want
+    assert [synth_prompt(n, s) for n, s in zip(lengths, seeds)] == want
+
+
+def test_a_synth_prompt_reads_as_its_ids_and_makes_them_only_when_read() -> None:
+    prompt = SynthPrompt(300, seed=11)
+    assert len(prompt) == 300 and prompt._ids is None  # its length costs nothing
+    want = synth_prompt(300, seed=11)
+    assert prompt[5] == want[5] and prompt[250:] == want[250:] and list(prompt) == want
+    assert prompt == want and prompt == SynthPrompt(300, seed=11) and prompt != SynthPrompt(300, seed=12)
 
 
 def test_synth_prompts_refuse_bad_input() -> None:
     with pytest.raises(ValueError, match="length must be >= 0"):
         synth_prompt(-1, seed=0)
-    with pytest.raises(ValueError, match="2 lengths but 1 seeds"):
-        synth_prompts([1, 2], [0])
+    with pytest.raises(ValueError, match="length must be >= 0"):
+        SynthPrompt(-1, seed=0)
