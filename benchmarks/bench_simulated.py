@@ -13,17 +13,23 @@ in one process: the ratio of their loop times (best of three each) is the figure
 
 Usage: python benchmarks/bench_simulated.py [--requests N] [--compare M] [--workload default|busy|both]
 
-Measured (2-core machine, load 1.5-2, 2026-11-30), one run of this script:
+Measured (2-core machine, 2026-11-30), one run of this script:
   default, 100,000 requests: 800,000 iterations, 787,500 of them in bulk, 13,200,000 event rows; build
-    5.21 s, loop 23.34 s, close 0.69 s: 29.2 s in all, peak RSS 776 MiB. The code before fast-forward
-    (c6fb871) ran the same workload in 156.1 s (build 5.8, run 150.2), measured alone an hour earlier.
-  busy, 100,000 requests: 53,231 iterations, 1,333 in bulk; build 5.13, loop 49.55 (931 us per
-    iteration), close 3.54: 58.2 s in all, peak RSS 1,157 MiB.
-  side by side, 5,000 requests, loop best of 3: default 5.88 s one by one, 0.73 s in bulk (x8.05);
-    busy 2.15 s and 2.17 s (x0.99: nothing to skip, and no cost either).
-So "100,000 requests in seconds" holds only loosely for the default workload (half a minute on this
-machine, most of it the requests' own Python work: admission, prefill, finish, logging) and not for
-the busy one, whose iterations almost all change the batch.
+    0.88 s, loop 16.57 s (17.15 s CPU: Parquet encoding runs on a writer thread), close 0.38 s: 17.8 s
+    in all, peak RSS 694 MiB.
+  busy, 100,000 requests: 53,231 iterations, 1,333 in bulk; build 0.89 s, loop 37.47 s (704 us per
+    iteration), close 2.71 s: 41.1 s in all, peak RSS 1,088 MiB.
+  side by side, 5,000 requests, loop best of 3: default 5.18 s one by one, 0.80 s in bulk (x6.47);
+    busy 2.21 s and 2.35 s (x0.94: nothing to skip; the difference is within this machine's noise).
+The code before this change (c0d68e5: prompts made up front, Parquet written on the engine's thread),
+run just before with `--compare 0`: default 26.3 s (build 3.96, loop 21.85), busy 42.0 s (build 3.89,
+loop 36.19); this code in the same sitting: default 19.2 s (build 1.05, loop 17.61), busy 39.4 s
+(build 1.46, loop 35.32). The previous day's figures for c0d68e5 were 29.2 s and 58.2 s: the machine
+was slower then, so compare within one sitting only. Before fast-forward (c6fb871) the default
+workload took 156.1 s.
+So "100,000 requests in seconds" holds loosely for the default workload (under 20 s here, most of it
+the requests' own Python work: admission, prefill, finish, logging) and not for the busy one, whose
+iterations almost all change the batch.
 """
 from __future__ import annotations
 
