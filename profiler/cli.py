@@ -92,7 +92,7 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     k = p.add_argument_group("KV cache")
     k.add_argument("--block-size", type=at_least(1), default=16)
     k.add_argument("--num-blocks", type=at_least(1), default=4096)
-    k.add_argument("--swap-blocks", type=int, default=0, help="swap pool size, for --preemption swap")
+    k.add_argument("--swap-blocks", type=at_least(0), default=0, help="swap pool size, for --preemption swap")
     r = p.add_argument_group("runner")
     r.add_argument("--runner", choices=("simulated", "torch"), default="simulated")
     r.add_argument("--cost", type=Path, help="simulated runner: cost model from `itertrace calibrate`")
@@ -123,7 +123,7 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
                       num_kv_heads=args.kv_heads, intermediate_size=args.intermediate,
                       checkpoint=args.checkpoint, device=args.device, threads=args.threads)
     spec = RunSpec(scheduler=sched, runner=args.runner, num_blocks=args.num_blocks, block_size=args.block_size,
-                   swap_blocks=max(0, args.swap_blocks), seed=args.seed, model=model)
+                   swap_blocks=args.swap_blocks, seed=args.seed, model=model)
     if args.cost is not None:
         from itertrace.profiler.calibrate import load
 
@@ -174,6 +174,14 @@ def _fresh_dir(out: Path | None) -> tuple[Path, Path]:
         raise UserError(f"--out {target}: cannot create it ({why})") from None
 
 
+def _publish(tmp: Path, target: Path) -> None:
+    """Rename the finished temporary directory (see _fresh_dir) to its target, an absent or empty directory."""
+    if target.exists():
+        target.rmdir()
+    tmp.chmod(0o755)
+    os.replace(tmp, target)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from itertrace.profiler import workloads as wl
     from itertrace.profiler.session import run
@@ -185,10 +193,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     target, tmp = _fresh_dir(args.out)
     try:
         run(spec, reqs, run_dir=tmp, workload=args.workload, progress=_Progress(len(reqs)))
-        if target.exists():
-            target.rmdir()
-        tmp.chmod(0o755)
-        os.replace(tmp, target)
+        _publish(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     meta = json.loads((target / "run.json").read_text())
@@ -199,22 +204,41 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+# What each experiment sets itself, as the seed describes it: a value given for these would not be used.
+_SET_BY_EXPERIMENT = {
+    "worked-example": ("mode", "capacity", "requests"),
+    "slot-time": ("mode", "capacity"),
+    "fairness": ("mode", "policy", "capacity", "preemption", "aging", "num_blocks", "block_size", "requests"),
+}
+
+
 def cmd_experiment(args: argparse.Namespace) -> int:
+    from itertrace.cli import build_parser
     from itertrace.profiler import experiments
     from itertrace.profiler.summary_table import format_experiment
 
+    defaults = build_parser().parse_args(["experiment", args.name])
+    for dest in _SET_BY_EXPERIMENT[args.name]:
+        if getattr(args, dest) != getattr(defaults, dest):
+            raise UserError(f"experiment {args.name} sets --{dest.replace('_', '-')} itself (the seed's setup); "
+                            f"leave out --{dest.replace('_', '-')} {getattr(args, dest)}")
     spec = spec_from_args(args)
-    if args.out is not None and args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
-        raise UserError(f"--out {args.out}: already exists and is not empty; choose another directory")
-    if args.name == "worked-example":
-        result = experiments.worked_example(spec, args.out)
-    elif args.name == "slot-time" and spec.runner == "torch":
-        cost = spec.cost if args.cost is not None else None
-        result = experiments.slot_time_runners(spec, args.requests or 48, 4000, args.out, cost)
-    elif args.name == "slot-time":
-        result = experiments.slot_time(spec, args.requests or 4000, args.out)
-    else:
-        result = experiments.fairness(spec, out=args.out)
+    target, out = _fresh_dir(args.out) if args.out is not None else (None, None)
+    try:
+        if args.name == "worked-example":
+            result = experiments.worked_example(spec, out)
+        elif args.name == "slot-time" and spec.runner == "torch":
+            cost = spec.cost if args.cost is not None else None
+            result = experiments.slot_time_runners(spec, args.requests or 48, 4000, out, cost)
+        elif args.name == "slot-time":
+            result = experiments.slot_time(spec, args.requests or 4000, out)
+        else:
+            result = experiments.fairness(spec, out=out)
+        if out is not None:  # every run's logs are there: the directory takes its name
+            _publish(out, target)
+    finally:
+        if out is not None:
+            shutil.rmtree(out, ignore_errors=True)
     print(json.dumps(result, indent=2) if args.format == "json" else format_experiment(result))
     return 0
 

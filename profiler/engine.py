@@ -98,7 +98,9 @@ class Engine:
         self.tracer = tracer or Tracer()
         self.keep_membership = keep_membership
         self.keep_tokens = keep_tokens
-        self.progress = progress
+        self.progress = progress  # called with (iteration, requests arrived); it decides when to print
+        # simulated iterations take microseconds: every thousandth will do; a model's, every one
+        self._progress_every = 1000 if runner.simulated else 1
         self.on_iteration = on_iteration  # called with (decision, start_ns, end_ns) after each iteration
         # quiet iterations run at once (_run_quiet): only where a runner can, nobody watches each
         # iteration, and no tool records NVTX (each iteration keeps its step range under nsys)
@@ -234,7 +236,7 @@ class Engine:
                 marks = (t_sched, t_prep, t_fwd, t_samp, t_detok)
                 self.log.iteration(self._iteration_row(decision, start, end, marks, queued, preempted))
             iteration += 1
-            if self.progress is not None and iteration % 1000 == 0:
+            if self.progress is not None and iteration % self._progress_every == 0:
                 self.progress(iteration, next_arrival)
         result.iterations = iteration
         result.end_ns = clock.now_ns()

@@ -5,17 +5,29 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
+from itertrace.errors import UserError
 from itertrace.profiler.policies import Policy
 from itertrace.profiler.request import Phase, PreemptKind
 from itertrace.profiler.scheduler import Mode
 from itertrace.profiler.session import RunSpec, run, run_in_turn, summarize
 from itertrace.profiler.sim_runner import CostModel
-from itertrace.profiler.workloads import RequestSpec, build_requests, worked_example as we_specs
+from itertrace.profiler.workloads import VARIABLE_BLOCK, VARIABLE_LENGTHS, VARIABLE_PROBS, RequestSpec, build_requests
+from itertrace.profiler.workloads import worked_example as we_specs
 from itertrace.profiler.workloads import slot_time as slot_time_specs
 
 
 def _dir(out: Path | None, name: str) -> Path | None:
     return None if out is None else Path(out) / name
+
+
+def _all_ran(experiment: str, reqs) -> None:
+    """The experiments' figures assume every request ran to its length: otherwise, say which did not and why."""
+    for r in reqs:
+        if r.phase is not Phase.FINISHED_LENGTH:
+            raise UserError(f"experiment {experiment}: request {r.request_id} ended {r.phase.value} "
+                            f"({r.stop_reason.value if r.stop_reason else 'no reason'}) under these flags, but the "
+                            f"experiment needs every request to run to its length (see --num-blocks, --token-budget, "
+                            f"--no-chunked-prefill)")
 
 
 def worked_example(spec: RunSpec, out: Path | None = None) -> dict:
@@ -26,6 +38,7 @@ def worked_example(spec: RunSpec, out: Path | None = None) -> dict:
         reqs = build_requests(we_specs(), seed=spec.seed)
         res = run(s, reqs, run_dir=_dir(out, f"worked-example-{mode.value}"), workload="worked-example",
                   keep_membership=True)
+        _all_ran("worked-example", reqs)
         short_ids = [r.request_id for r in reqs[:7]]
         finish = {r.request_id: r.transitions[-1].iteration for r in reqs}
         held = sum(1 for it, members in enumerate(res.membership)
@@ -79,6 +92,8 @@ def slot_time(spec: RunSpec, n: int, out: Path | None = None, prompt_tokens: int
                          f"slot-time-{kind}"))
             shapes.append((kind, mode, [r.output_tokens for r in specs]))
     results = run_in_turn(jobs) if in_turn else [run(s, reqs, run_dir=d, workload=w) for s, reqs, d, w in jobs]
+    for _, reqs, _, _ in jobs:
+        _all_ran("slot-time", reqs)
     rows = []
     for (kind, mode, lengths), res in zip(shapes, results):
         row = {"workload": kind, "mode": mode.value, **summarize(res, capacity)}
@@ -93,7 +108,11 @@ def slot_time(spec: RunSpec, n: int, out: Path | None = None, prompt_tokens: int
         by_mode = {r["mode"]: r for r in rows if r["workload"] == kind}
         ratios[kind] = by_mode["continuous"]["throughput_tok_s"] / by_mode["static"]["throughput_tok_s"]
     return {"experiment": "slot-time", "runner": spec.runner, "simulated": spec.runner == "simulated",
-            "requests_per_workload": n, "capacity": capacity, "in_turn": in_turn, "rows": rows,
+            "requests_per_workload": n, "capacity": capacity, "in_turn": in_turn,
+            "variable_lengths": {str(length): p for length, p in zip(VARIABLE_LENGTHS, VARIABLE_PROBS)},
+            "variable_lengths_note": f"whole blocks of {VARIABLE_BLOCK} requests in these proportions; the "
+                                     f"{n % VARIABLE_BLOCK} left over at 128 tokens, so the mean is exactly 128",
+            "rows": rows,
             "continuous_over_static": ratios, "conclusion": _conclusion(rows, ratios)}
 
 
@@ -164,8 +183,8 @@ def _conclusion(rows: list[dict], ratios: dict[str, float]) -> str:
         outcome = (f"yet x{ratios['variable']:.2f} throughput, since its iterations took "
                    f"{per_iteration['continuous']:.2f} ms against static's {per_iteration['static']:.2f} ms on this run")
     return (
-        f"Both workloads have mean output {us['output_len_mean']:.0f} tokens; only the spread differs "
-        f"(stdev {us['output_len_stdev']:.0f} vs {vs['output_len_stdev']:.0f}). With uniform lengths every "
+        f"The workloads have mean output {us['output_len_mean']:g} and {vs['output_len_mean']:g} tokens; only the "
+        f"spread differs (stdev {us['output_len_stdev']:.0f} vs {vs['output_len_stdev']:.0f}). With uniform lengths every "
         f"static batch finishes together, so static strands {us['idle_slot_iterations']} slot-iterations and "
         f"continuous over static throughput is x{ratios['uniform']:.2f}. With variable lengths a static batch lives "
         f"as long as its longest member, so finished requests hold {vs['idle_held_by_finished']} slot-iterations "
@@ -199,6 +218,7 @@ def fairness(spec: RunSpec, shorts: int = 400, long_tokens: int = 512, gap_ms: f
         reqs = build_requests(specs, seed=spec.seed)
         long_req = reqs[LONG_AFTER]
         res = run(s, reqs, run_dir=_dir(out, f"fairness-{label}"), workload="fairness", keep_tokens=True)
+        _all_ran("fairness", reqs)
         t = res.times[long_req.request_id]
         stall_ns, stall_it = _longest_stall(long_req, res)
         short_ttft = sorted((res.times[r.request_id].first_token_ns - r.arrival_ns) / 1e6
@@ -219,7 +239,7 @@ def fairness(spec: RunSpec, shorts: int = 400, long_tokens: int = 512, gap_ms: f
 
 
 def _longest_stall(req, res) -> tuple[int, int]:
-    """The longest wait between consecutive tokens (ns, iterations), first token included from admission."""
+    """The longest wait between consecutive tokens (ns, iterations), from the first token on."""
     t = res.times[req.request_id]
     if len(t.token_ns) < 2:
         return 0, 0

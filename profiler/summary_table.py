@@ -62,7 +62,9 @@ def format_experiment(result: dict) -> str:
         extra = ""
         if "agreement" in result:
             extra = "\n" + format_agreement(result)
-        return (f"{head}\ncapacity {result['capacity']}, {result['requests_per_workload']} requests per workload\n"
+        mix = ", ".join(f"{length} ({p:.0%})" for length, p in result["variable_lengths"].items())
+        return (f"{head}\ncapacity {result['capacity']}, {result['requests_per_workload']} requests per workload; "
+                f"uniform: 128 tokens each; variable: {mix}, {result['variable_lengths_note']}\n"
                 f"{body}\ncontinuous/static throughput: {ratios}{extra}\n\n{result['conclusion']}")
     cols = list(result["rows"][0])
     return f"{head}\n{table(cols, [[r[c] for c in cols] for r in result['rows']])}"

@@ -16,9 +16,11 @@ from itertrace.profiler.gcquiet import no_full_collections
 from itertrace.profiler.request import Request
 from itertrace.profiler.tokenizer import EOS, SynthPrompt
 
-# The seed's variable workload: mean output length exactly 128, as the uniform one.
+# The seed's variable workload: mean output length exactly 128, as the uniform one. The probabilities
+# are whole counts in every 20 requests (4, 4, 3, 3, 3, 1, 1, 1), whose lengths add up to 20 x 128.
 VARIABLE_LENGTHS = (8, 16, 32, 64, 128, 256, 512, 1024)
 VARIABLE_PROBS = (0.20, 0.20, 0.15, 0.15, 0.15, 0.05, 0.05, 0.05)
+VARIABLE_BLOCK = 20
 
 
 @dataclass(frozen=True)
@@ -61,11 +63,12 @@ def worked_example(prompt_tokens: int = 16, waiting: int = 8, short: int = 32, l
     return first + [RequestSpec(0, prompt_tokens, short) for _ in range(waiting)]
 
 
-def exact_mix(n: int, lengths: tuple[int, ...], probs: tuple[float, ...], seed: int) -> list[int]:
-    """`n` lengths whose counts follow `probs` as exactly as `n` allows, shuffled by `seed`."""
-    counts = [int(round(p * n)) for p in probs]
-    counts[max(range(len(counts)), key=lambda i: probs[i])] += n - sum(counts)
-    values = [length for length, c in zip(lengths, counts) for _ in range(c)]
+def variable_lengths(n: int, seed: int) -> list[int]:
+    """`n` output lengths of the variable workload, shuffled by `seed`, whose mean is exactly 128 at any n:
+    each whole block of 20 requests in the stated proportions, and the n mod 20 left over at 128."""
+    counts = [round(p * VARIABLE_BLOCK) * (n // VARIABLE_BLOCK) for p in VARIABLE_PROBS]
+    counts[VARIABLE_LENGTHS.index(128)] += n % VARIABLE_BLOCK
+    values = [length for length, c in zip(VARIABLE_LENGTHS, counts) for _ in range(c)]
     random.Random(seed).shuffle(values)
     return values
 
@@ -75,7 +78,7 @@ def slot_time(kind: str, n: int, prompt_tokens: int = 32, seed: int = 0) -> list
     if kind == "uniform":
         lengths = [128] * n
     elif kind == "variable":
-        lengths = exact_mix(n, VARIABLE_LENGTHS, VARIABLE_PROBS, seed)
+        lengths = variable_lengths(n, seed)
     else:
         raise UserError(f"slot-time workload {kind!r}: expected 'uniform' or 'variable'")
     return [RequestSpec(0, prompt_tokens, out) for out in lengths]
@@ -142,12 +145,16 @@ def load_trace(path: Path, *, limit: int | None = None, time_scale: float = 1.0)
     if not rows:
         raise UserError(f"{path}: no requests in the file")
     t0 = min(t for t, _, _ in rows)
+    span = (max(t for t, _, _ in rows) - t0) / time_scale
+    if not span < 2**62:
+        raise UserError(f"{path}: arrivals span {span / 1e9 / 86400 / 365.25:.3g} years after --time-scale "
+                        f"{time_scale:g}; the engine's clock holds under 146")
     return [RequestSpec(int((t - t0) / time_scale), max(1, p), max(1, o)) for t, p, o in rows]
 
 
 def _read_azure_csv(path: Path, limit: int | None) -> list[tuple[int, int, int]]:
     rows = []
-    with path.open(newline="") as fh:
+    with path.open(newline="", encoding="utf-8-sig") as fh:  # a byte-order mark is not part of the first name
         reader = csv.DictReader(fh)
         missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(reader.fieldnames or ())
         if missing:
@@ -156,11 +163,18 @@ def _read_azure_csv(path: Path, limit: int | None) -> list[tuple[int, int, int]]
             if limit is not None and len(rows) >= limit:
                 break
             try:
-                ts = _azure_timestamp_ns(rec["TIMESTAMP"] or "")
+                ts = _in_range(_azure_timestamp_ns(rec["TIMESTAMP"] or ""))
                 rows.append((ts, _length(rec["ContextTokens"]), _length(rec["GeneratedTokens"])))
             except (TypeError, ValueError):
                 raise UserError(f"{path}:{line}: bad row {rec!r}") from None
     return rows
+
+
+def _in_range(ns: int) -> int:
+    """A timestamp in ns that the engine's int64 clocks hold with room to spare (under 146 years from 1970)."""
+    if not -(2**62) < ns < 2**62:
+        raise ValueError(f"timestamp {ns} ns is out of range")
+    return ns
 
 
 def _length(value) -> int:
@@ -184,7 +198,7 @@ def _azure_timestamp_ns(text: str) -> int:
 
 def _read_jsonl(path: Path, limit: int | None) -> list[tuple[int, int, int]]:
     rows = []
-    with path.open() as fh:
+    with path.open(encoding="utf-8-sig") as fh:
         for line_no, line in enumerate(fh, start=1):
             if limit is not None and len(rows) >= limit:
                 break
@@ -192,7 +206,7 @@ def _read_jsonl(path: Path, limit: int | None) -> list[tuple[int, int, int]]:
                 continue
             try:
                 rec = json.loads(line)
-                rows.append((int(float(rec["timestamp"]) * 1_000_000), _length(rec["input_length"]),
+                rows.append((_in_range(int(float(rec["timestamp"]) * 1_000_000)), _length(rec["input_length"]),
                              _length(rec["output_length"])))
             except (json.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError) as exc:
                 raise UserError(f"{path}:{line_no}: expected JSON with timestamp (ms), input_length, output_length ({type(exc).__name__}: {exc})") from None

@@ -72,6 +72,13 @@ def test_run_refuses_a_non_empty_out_dir_and_leaves_it_alone(tmp_path, capsys):
     (["run", "--output-len", "choice:8,16@-1,2"], "length distribution"),
     (["run", "--time-scale", "0"], "--time-scale"),
     (["experiment", "worked-example", "--out", "/dev/null"], "--out /dev/null"),
+    (["experiment", "worked-example", "--out", "/dev/null/x"], "--out /dev/null/x: cannot create it"),
+    (["experiment", "worked-example", "--num-blocks", "1"], "request 0 ended rejected (too_long)"),
+    (["experiment", "fairness", "--token-budget", "20", "--no-chunked-prefill"], "ended rejected (too_long)"),
+    (["experiment", "fairness", "--policy", "srw"], "fairness sets --policy itself"),
+    (["experiment", "slot-time", "--capacity", "8"], "slot-time sets --capacity itself"),
+    (["experiment", "worked-example", "--requests", "9"], "worked-example sets --requests itself"),
+    (["run", "--swap-blocks", "-3"], "--swap-blocks: expected an integer of at least 0, not -3"),
     (["calibrate", "--out", "/nonexistent/cost.json"], "folder /nonexistent does not exist"),
 ])
 def test_bad_flags_get_one_line_and_status_2(argv, needle, capsys):
@@ -102,12 +109,33 @@ def test_torch_runner_flags_it_cannot_use_get_one_line_and_leave_no_run_dir(tmp_
     ("frac.jsonl", '{"timestamp": 1, "input_length": 3.7, "output_length": 4}\n', "not a whole number"),
     ("inf.jsonl", '{"timestamp": Infinity, "input_length": 3, "output_length": 4}\n', "inf.jsonl:1:"),
     ("binary.jsonl", "\udcff\udcfe garbage\n", "binary.jsonl: not a text file"),
+    ("huge.jsonl", '{"timestamp": 1e300, "input_length": 3, "output_length": 4}\n', "huge.jsonl:1:"),
+    ("far.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n9999-11-16 18:17:03.97,4,3\n", "far.csv:2: bad row"),
+    ("bom.csv", "\ufeffTIMESTAMP,ContextTokens\n2023-11-16 18:17:03.97,4\n", "missing column(s) GeneratedTokens"),
 ])
 def test_malformed_workload_files_get_one_line(tmp_path, capsys, name, body, needle):
     path = tmp_path / name
     path.write_bytes(body.encode("utf-8", "surrogateescape"))
     rc, _, err = _run(capsys, "run", "--workload", str(path), "--out", str(tmp_path / "r"))
     assert rc == 2 and needle in err and err.count("\n") == 1
+    assert not (tmp_path / "r").exists()
+
+
+def test_traces_with_a_byte_order_mark_load(tmp_path):
+    csv = tmp_path / "bom.csv"
+    csv.write_bytes(b"\xef\xbb\xbfTIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,4,3\n")
+    jsonl = tmp_path / "bom.jsonl"
+    jsonl.write_bytes(b'\xef\xbb\xbf{"timestamp": 5, "input_length": 4, "output_length": 3}\n')
+    for path in (csv, jsonl):
+        assert [(s.arrival_ns, s.prompt_tokens, s.output_tokens) for s in wl.load_trace(path)] == [(0, 4, 3)]
+
+
+def test_a_trace_whose_arrivals_outrun_the_clock_gets_one_line(tmp_path, capsys):
+    path = tmp_path / "spread.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 3, "output_length": 4}\n'
+                    '{"timestamp": 4e12, "input_length": 3, "output_length": 4}\n')  # 127 years apart
+    rc, _, err = _run(capsys, "run", "--workload", str(path), "--time-scale", "0.5", "--out", str(tmp_path / "r"))
+    assert rc == 2 and "arrivals span 254 years after --time-scale 0.5" in err and err.count("\n") == 1
     assert not (tmp_path / "r").exists()
 
 
@@ -143,3 +171,13 @@ def test_experiments_print_tables_and_json(capsys):
     assert rows["continuous"]["waiting_first_start"] == 32 and rows["static"]["waiting_first_start"] == 512
     rc, text, _ = _run(capsys, "experiment", "worked-example")
     assert rc == 0 and "SIMULATED" in text and "batch at iteration 32: [7, 8, 9, 10, 11, 12, 13, 14]" in text
+
+
+def test_a_failed_experiment_leaves_nothing_under_out_and_a_finished_one_all_of_it(tmp_path, capsys):
+    """Experiments write into a temporary folder beside --out, renamed to it once every run is done."""
+    rc, _, err = _run(capsys, "experiment", "worked-example", "--num-blocks", "1", "--out", str(tmp_path / "e"))
+    assert rc == 2 and err.count("\n") == 1 and list(tmp_path.iterdir()) == []  # its static run had finished
+    rc, _, _ = _run(capsys, "experiment", "worked-example", "--out", str(tmp_path / "e"))
+    assert rc == 0 and [p.name for p in tmp_path.iterdir()] == ["e"]
+    assert sorted(p.name for p in (tmp_path / "e").iterdir()) == ["worked-example-continuous", "worked-example-static"]
+    assert (tmp_path / "e" / "worked-example-static" / "run.json").is_file()

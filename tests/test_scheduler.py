@@ -1,6 +1,7 @@
 """Exact checks of the seed's worked example and slot-time claims, on the simulated runner."""
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 import numpy as np
@@ -93,10 +94,14 @@ def test_static_idle_matches_prediction_from_lengths():
     assert res.idle_slot_iterations == experiments.static_idle_prediction([s.output_tokens for s in specs], 16)
 
 
-def test_variable_workload_has_mean_128_like_uniform():
-    for n in (20, 100, 4000):
+def test_variable_workload_has_mean_128_like_uniform_at_every_size():
+    for n in (*range(1, 70), 100, 4000):
         lengths = [s.output_tokens for s in slot_time("variable", n)]
-        assert sum(lengths) == 128 * n
+        assert len(lengths) == n and sum(lengths) == 128 * n, n
+    counts = Counter(s.output_tokens for s in slot_time("variable", 4000))  # the stated probabilities, exactly
+    assert counts == {8: 800, 16: 800, 32: 600, 64: 600, 128: 600, 256: 200, 512: 200, 1024: 200}
+    counts = Counter(s.output_tokens for s in slot_time("variable", 48))  # two blocks of 20, 8 more at 128
+    assert counts == {8: 8, 16: 8, 32: 6, 64: 6, 128: 6 + 8, 256: 2, 512: 2, 1024: 2}
 
 
 def test_chunked_prefill_splits_a_long_prompt_under_the_token_budget(tmp_path):

@@ -240,6 +240,20 @@ def test_runner_attributes() -> None:
     assert runner.forward(runner.prepare(Batch.from_seqs(0, (), BLOCK))).shape == (0, 260)
 
 
+def test_a_torch_run_reports_progress_after_every_iteration() -> None:
+    """A model's iterations are slow enough that the progress line (printed at most every 2 s) must be
+    offered one after each; simulated runs offer it at every thousandth (test_fast_forward)."""
+    from itertrace.profiler.session import ModelSpec, RunSpec, run
+    from itertrace.profiler.workloads import RequestSpec, build_requests
+
+    spec = RunSpec(runner="torch", num_blocks=16, block_size=BLOCK, model=ModelSpec(
+        hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=48, device="cpu"))
+    calls = []
+    result = run(spec, build_requests([RequestSpec(0, 5, 7), RequestSpec(0, 3, 4)]),
+                 progress=lambda iteration, arrived: calls.append((iteration, arrived)))
+    assert calls == [(i, 2) for i in range(1, result.iterations + 1)] and result.iterations == 7
+
+
 def decode_batch(iteration: int, tokens: list[int], pos: list[int], tables: np.ndarray, *, block_size: int = BLOCK,
                  sample: np.ndarray | None = None, ones: np.ndarray | None = None) -> Batch:
     """A decode batch; pass the same arrays again to share them between iterations, as the scheduler does."""
