@@ -147,6 +147,19 @@ def _workload(args: argparse.Namespace) -> list[RequestSpec]:
     raise UserError(f"--workload {name!r}: expected one of {', '.join(WORKLOADS)} or a .csv/.jsonl trace file")
 
 
+def _workload_params(args: argparse.Namespace) -> dict:
+    """The workload's name and the flags that made it, for run.json (config.workload): enough to run it again."""
+    name = args.workload
+    if name == "synthetic":
+        return {"name": name, "num_requests": args.num_requests, "rate": args.rate, "cv": args.cv,
+                "prompt_len": args.prompt_len, "output_len": args.output_len}
+    if name in ("slot-time-uniform", "slot-time-variable"):
+        return {"name": name, "num_requests": args.num_requests}
+    if name == "worked-example":
+        return {"name": name}
+    return {"name": name, "path": str(Path(name).resolve()), "limit": args.limit, "time_scale": args.time_scale}
+
+
 class _Progress:
     """Prints a progress line to stderr at most every two seconds, for long runs."""
 
@@ -192,7 +205,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     reqs = wl.build_requests(specs, seed=args.seed)
     target, tmp = _fresh_dir(args.out)
     try:
-        run(spec, reqs, run_dir=tmp, workload=args.workload, progress=_Progress(len(reqs)))
+        run(spec, reqs, run_dir=tmp, workload=_workload_params(args), progress=_Progress(len(reqs)))
         _publish(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

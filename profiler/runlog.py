@@ -165,10 +165,13 @@ class _Table:
             return _mixed_table([*parts, rows], self.schema)
         return _rows_table(rows, self.schema)
 
-    def close(self) -> None:
+    def close(self, stamp: dict[str, str] | None = None) -> None:
+        """Write what is left, and `stamp` as the file's key-value metadata; then the file takes its name."""
         if self.buffered or self.writer is None:  # an empty table still gets its file and schema
             self.flush(final=True)
         self._raise_errors(wait=True)
+        if stamp:
+            self.writer.add_key_value_metadata(stamp)
         self.writer.close()
         os.replace(self.tmp, self.path)
 
@@ -382,9 +385,13 @@ class RunLog:
         self._tables["requests"].append(_REQUEST_ROW(row))
 
     def close(self, meta: dict) -> None:
-        """Finish every table and write run.json last: its presence marks a complete run directory."""
+        """Finish every table and write run.json last: its presence marks a complete run directory.
+
+        Each Parquet file also says which runner made it (key-value metadata `itertrace.runner` and
+        `itertrace.simulated`, from run.json's), so that a table read on its own still says it was simulated."""
+        stamp = {f"itertrace.{key}": json.dumps(meta[key]) for key in ("runner", "simulated") if key in meta}
         for table in self._tables.values():
-            table.close()
+            table.close(stamp)
         self._thread.shutdown()
         meta = dict(meta, tables={name: t.rows for name, t in self._tables.items()})
         tmp = self.run_dir / "run.json.partial"

@@ -83,7 +83,7 @@ def make_runner(spec: RunSpec):
     raise ValueError(f"unknown runner {spec.runner!r}")
 
 
-def run(spec: RunSpec, requests: list[Request], *, run_dir: Path | None = None, workload: str = "",
+def run(spec: RunSpec, requests: list[Request], *, run_dir: Path | None = None, workload: str | dict = "",
         keep_membership: bool = False, keep_tokens: bool = False, progress=None, on_iteration=None,
         runner_and_clock=None, fast_forward: bool = True) -> RunResult:
     """Run `requests` under `spec`; with `run_dir`, write the run logs there."""
@@ -103,7 +103,7 @@ def _engine(spec: RunSpec, clock, runner, run_dir: Path | None, **options) -> En
     return Engine(Scheduler(spec.scheduler, blocks), runner, clock, log=log, **options)
 
 
-def _close(engine: Engine, spec: RunSpec, workload: str, result: RunResult) -> None:
+def _close(engine: Engine, spec: RunSpec, workload: str | dict, result: RunResult) -> None:
     """Finish the run's logs with run.json."""
     if engine.log is not None:
         engine.log.close(run_metadata(spec, engine.runner, engine.clock, workload, result))
@@ -137,8 +137,10 @@ def run_in_turn(jobs: list[tuple[RunSpec, list[Request], Path | None, str]]) -> 
     return results
 
 
-def run_metadata(spec: RunSpec, runner, clock, workload: str, result: RunResult) -> dict:
-    """run.json: configuration, runner, workload, seed, versions, clock source, summary."""
+def run_metadata(spec: RunSpec, runner, clock, workload: str | dict, result: RunResult) -> dict:
+    """run.json: configuration, runner, workload, seed, versions, clock source, summary.
+
+    `workload` is its name, or a dict of its name and the parameters that made it (config.workload)."""
     versions = {}
     for pkg in ("itertrace", "torch", "numpy", "pyarrow", "duckdb", "nvtx"):
         try:
@@ -147,6 +149,8 @@ def run_metadata(spec: RunSpec, runner, clock, workload: str, result: RunResult)
             versions[pkg] = None
     config = asdict(spec)
     config["scheduler"] = {k: getattr(v, "value", v) for k, v in config["scheduler"].items()}
+    if isinstance(workload, dict):
+        config["workload"], workload = workload, workload["name"]
     return {
         "format": "itertrace-run/1",
         "config": config,

@@ -30,6 +30,11 @@ def test_run_writes_logs_whose_latency_matches_the_summary(tmp_path, capsys):
     meta = json.loads((out / "run.json").read_text())
     assert meta["runner"] == "simulated" and meta["clock_source"] == "simulated"
     assert meta["config"]["scheduler"]["policy"] == "fcfs" and meta["versions"]["duckdb"]
+    for name in ("iterations", "events", "requests"):  # each file on its own says who made it
+        kv = pq.ParquetFile(out / f"{name}.parquet").metadata.metadata
+        assert (kv[b"itertrace.runner"], kv[b"itertrace.simulated"]) == (b'"simulated"', b"true")
+    assert meta["workload"] == "synthetic" and meta["config"]["workload"] == {  # enough to run it again
+        "name": "synthetic", "num_requests": 40, "rate": 50.0, "cv": 1.0, "prompt_len": "128", "output_len": "uniform:4:40"}
     # TTFT recomputed from the event log alone agrees with the engine's own summary
     events = pq.read_table(out / "events.parquet").to_pylist()
     arrival = {r["request_id"]: r["arrival_ns"] for r in pq.read_table(out / "requests.parquet").to_pylist()}
