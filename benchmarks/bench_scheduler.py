@@ -30,6 +30,10 @@ a single row still costs about 13, so what remains is per call, not per row. Two
 script afterwards on a quiet machine (load 0.9): staggered 256 gave 49.0 us (schedule 34.1 + prepare
 14.9) in a quick spell and 89.9 (62.9 + 27.1) in a slow one; synchronized 256, 29.4 and 29.0.
 
+After grow and grow_ahead came to share _put_blocks (2026-11-30, two plain runs of this script on this
+machine): staggered 256 took 95.9 us (schedule 65.9 + prepare 29.9) in a slow spell (synchronized 256:
+57.7) and 46.1 us (31.7 + 14.4) in a quick one (synchronized 256: 28.7); 16: 39.0, 64: 39.8, 1024: 72.2.
+
 On the H200 machine (16 cores, 2026-11-30), where the runner prepares for CUDA (its uploads count, and
 the benchmark synchronizes after prepare, untimed, as the forward pass would): staggered 256 took
 57.1 and 55.6 us (prepare 35.8 and 34.8) with blocking uploads from pageable memory, and 42.9 and
