@@ -47,7 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     e = sub.add_parser("experiment", help="the seed's experiments: worked-example, slot-time, fairness")
     e.add_argument("name", choices=("worked-example", "slot-time", "fairness"))
     _engine_flags(e)
-    e.add_argument("--requests", type=at_least(1), help="slot-time: requests per workload "
+    e.add_argument("--requests", type=at_least(20), help="slot-time: requests per workload, at least one "
+                   "block of 20 of the variable mix "
                    "(default 4000 simulated; 48 torch, beside the simulated runner fitted here at 48 and 4000)")
     e.add_argument("--out", type=Path, help="also write each run's logs under this directory")
     e.add_argument("--format", choices=("table", "json"), default="table")
@@ -221,8 +222,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 _SET_BY_EXPERIMENT = {
     "worked-example": ("mode", "capacity", "requests"),
     "slot-time": ("mode", "capacity"),
-    "fairness": ("mode", "policy", "capacity", "preemption", "aging", "num_blocks", "block_size", "requests"),
+    "fairness": ("mode", "policy", "capacity", "preemption", "aging", "num_blocks", "block_size", "swap_blocks",
+                 "requests"),
 }
+SLOT_TIME_MIN_TOKEN_BUDGET = 16 * 32  # slot-time's 16 prompts of 32 tokens in one iteration, as in the seed
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
@@ -235,6 +238,9 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         if getattr(args, dest) != getattr(defaults, dest):
             raise UserError(f"experiment {args.name} sets --{dest.replace('_', '-')} itself (the seed's setup); "
                             f"leave out --{dest.replace('_', '-')} {getattr(args, dest)}")
+    if args.name == "slot-time" and args.token_budget < SLOT_TIME_MIN_TOKEN_BUDGET:
+        raise UserError(f"experiment slot-time needs --token-budget of at least {SLOT_TIME_MIN_TOKEN_BUDGET} "
+                        f"(16 prompts of 32 tokens at once), not {args.token_budget}")
     spec = spec_from_args(args)
     target, out = _fresh_dir(args.out) if args.out is not None else (None, None)
     try:

@@ -92,6 +92,9 @@ _ITERATION_ROW = operator.itemgetter(*ITERATIONS.names)  # dict -> tuple in sche
 _REQUEST_ROW = operator.itemgetter(*REQUESTS.names)
 
 
+_MAX_PENDING = 2  # row groups handed to the writer thread and not yet written, at most
+
+
 @dataclass
 class _Table:
     """Rows buffered as tuples in schema order, written a row group at a time on the writer thread."""
@@ -135,6 +138,8 @@ class _Table:
         """Write whole row groups of `rows_per_group` rows (and, when final, the rest): the table is built
         here, and encoded and compressed on the writer thread. The first error it met is raised here."""
         self._raise_errors(wait=False)
+        while len(self._pending) >= _MAX_PENDING:  # the writer is behind: wait, rather than pile up tables
+            self._pending.pop(0).result()
         if self.writer is None:
             self.writer = self._writer()
         table = self._take_buffer()
@@ -383,6 +388,11 @@ class RunLog:
 
     def request(self, row: dict) -> None:
         self._tables["requests"].append(_REQUEST_ROW(row))
+
+    def abort(self) -> None:
+        """The run failed: drop the row groups not yet written and stop the writer thread. The tables stay
+        under their temporary names and no run.json is written, so the directory never looks complete."""
+        self._thread.shutdown(wait=True, cancel_futures=True)
 
     def close(self, meta: dict) -> None:
         """Finish every table and write run.json last: its presence marks a complete run directory.

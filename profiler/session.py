@@ -90,10 +90,20 @@ def run(spec: RunSpec, requests: list[Request], *, run_dir: Path | None = None, 
     clock, runner = runner_and_clock or make_runner(spec)
     engine = _engine(spec, clock, runner, run_dir, keep_membership=keep_membership, keep_tokens=keep_tokens,
                      progress=progress, on_iteration=on_iteration, fast_forward=fast_forward)
-    result = engine.run(requests)  # itself without full collections
-    with no_full_collections():  # nor in the close: its last row groups are many new objects
-        _close(engine, spec, workload, result)
+    try:
+        result = engine.run(requests)  # itself without full collections
+        with no_full_collections():  # nor in the close: its last row groups are many new objects
+            _close(engine, spec, workload, result)
+    except BaseException:
+        _abort(engine)
+        raise
     return result
+
+
+def _abort(engine: Engine) -> None:
+    """A failed run: its logs stop being written (see RunLog.abort)."""
+    if engine.log is not None:
+        engine.log.abort()
 
 
 def _engine(spec: RunSpec, clock, runner, run_dir: Path | None, **options) -> Engine:
@@ -124,16 +134,21 @@ def run_in_turn(jobs: list[tuple[RunSpec, list[Request], Path | None, str]]) -> 
         engines.append(_engine(spec, clock, runner, run_dir))
         steps.append(engines[-1].steps(requests))
     live = list(range(len(jobs)))
-    while live:
-        for i in list(live):
-            engines[i].clock.resume()
-            try:
-                next(steps[i])
-            except StopIteration as done:
-                results[i] = done.value
-                live.remove(i)
-                _close(engines[i], jobs[i][0], jobs[i][3], done.value)
-            engines[i].clock.pause()
+    try:
+        while live:
+            for i in list(live):
+                engines[i].clock.resume()
+                try:
+                    next(steps[i])
+                except StopIteration as done:
+                    results[i] = done.value
+                    live.remove(i)
+                    _close(engines[i], jobs[i][0], jobs[i][3], done.value)
+                engines[i].clock.pause()
+    except BaseException:
+        for engine in engines:  # those already closed too: stopping a stopped writer does nothing
+            _abort(engine)
+        raise
     return results
 
 

@@ -157,7 +157,5 @@ class SynthPrompt(Sequence):
             other = other.ids
         return self.ids == other if isinstance(other, list) else NotImplemented
 
-    __hash__ = None  # a sequence compared by value, as a list
-
     def __repr__(self) -> str:
         return f"SynthPrompt(length={self._length}, seed={self.seed})"

@@ -82,8 +82,11 @@ def test_run_refuses_a_non_empty_out_dir_and_leaves_it_alone(tmp_path, capsys):
     (["experiment", "fairness", "--token-budget", "20", "--no-chunked-prefill"], "ended rejected (too_long)"),
     (["experiment", "fairness", "--policy", "srw"], "fairness sets --policy itself"),
     (["experiment", "slot-time", "--capacity", "8"], "slot-time sets --capacity itself"),
-    (["experiment", "worked-example", "--requests", "9"], "worked-example sets --requests itself"),
+    (["experiment", "worked-example", "--requests", "40"], "worked-example sets --requests itself"),
     (["run", "--swap-blocks", "-3"], "--swap-blocks: expected an integer of at least 0, not -3"),
+    (["experiment", "fairness", "--swap-blocks", "5"], "fairness sets --swap-blocks itself"),
+    (["experiment", "slot-time", "--token-budget", "64"], "slot-time needs --token-budget of at least 512"),
+    (["experiment", "slot-time", "--requests", "10"], "--requests: expected an integer of at least 20, not 10"),
     (["calibrate", "--out", "/nonexistent/cost.json"], "folder /nonexistent does not exist"),
 ])
 def test_bad_flags_get_one_line_and_status_2(argv, needle, capsys):
@@ -116,7 +119,7 @@ def test_torch_runner_flags_it_cannot_use_get_one_line_and_leave_no_run_dir(tmp_
     ("binary.jsonl", "\udcff\udcfe garbage\n", "binary.jsonl: not a text file"),
     ("huge.jsonl", '{"timestamp": 1e300, "input_length": 3, "output_length": 4}\n', "huge.jsonl:1:"),
     ("far.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n9999-11-16 18:17:03.97,4,3\n", "far.csv:2: bad row"),
-    ("bom.csv", "\ufeffTIMESTAMP,ContextTokens\n2023-11-16 18:17:03.97,4\n", "missing column(s) GeneratedTokens"),
+    ("bom.csv", "\ufeffTIMESTAMP,ContextTokens\n2023-11-16 18:17:03.97,4\n", "missing column(s) GeneratedTokens\n"),
 ])
 def test_malformed_workload_files_get_one_line(tmp_path, capsys, name, body, needle):
     path = tmp_path / name

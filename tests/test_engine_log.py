@@ -3,6 +3,7 @@ and the `tokens` marks (which requests got a token, and when that set changed)."
 from __future__ import annotations
 
 import random
+import threading
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -129,61 +130,54 @@ def test_a_failed_write_on_the_writer_thread_is_raised_and_leaves_no_complete_ta
     """Row groups are written on a thread: its error must reach the engine's thread, and the run
     directory must not look complete (no run.json, no table under its final name)."""
     log = RunLog(tmp_path, rows_per_group=2)
+    write_table, calls = pq.ParquetWriter.write_table, []
 
-    def full_disk(self, table, row_group_size=None):
-        raise OSError(28, "No space left on device")
+    def full_disk_once(self, table, row_group_size=None):  # only the first row group fails
+        calls.append(table.num_rows)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        write_table(self, table, row_group_size=row_group_size)
 
-    monkeypatch.setattr(pq.ParquetWriter, "write_table", full_disk)
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", full_disk_once)
     with pytest.raises(OSError, match="No space left"):  # at a later flush, or at the latest at close
         for i in range(5):  # two row groups handed over while the rows come, the last row at close
             log.event(i, i, i, "arrive", "arrived", 0)
         log.close({})
+    assert calls[0] == 2  # the events' first row group
     assert not (tmp_path / "run.json").exists() and not (tmp_path / "events.parquet").exists()
 
 
-class _ReadingRunner(SimulatedRunner):
-    """The simulated runner as a runner that reads token ids: it keeps every batch's ids and positions."""
+def test_abort_drops_the_row_groups_the_writer_has_not_started(tmp_path, monkeypatch):
+    started, release = [], threading.Event()
 
-    reads_tokens = True
+    def slow_write(self, table, row_group_size=None):
+        started.append(table.num_rows)
+        release.wait(5)
 
-    def __init__(self, clock) -> None:
-        super().__init__(clock)
-        self.seen: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
-
-    def forward(self, prepared) -> None:
-        self.seen.append((prepared.request_ids, prepared.start_pos, prepared.num_tokens, prepared.token_ids))
-        super().forward(prepared)
-
-
-def _logged_run(runner_class, tmp_path):
-    specs = [wl.RequestSpec(i * 3_000_000, 20 + 9 * (i % 6), 12 + 7 * (i % 5)) for i in range(14)]
-    reqs = wl.build_requests(specs)
-    clock = SimClock()
-    runner = runner_class(clock)
-    cfg = SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=48)  # prompts run in chunks
-    engine = Engine(Scheduler(cfg, BlockManager(16, 8)), runner, clock, log=RunLog(tmp_path))  # short of KV
-    engine.run(reqs)
-    engine.log.close({})
-    tables = {name: pq.read_table(tmp_path / f"{name}.parquet") for name in ("iterations", "events", "requests")}
-    return reqs, runner, tables
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", slow_write)
+    log = RunLog(tmp_path, rows_per_group=1)
+    log.event(0, 0, 0, "arrive", "arrived", 0)  # the first row group: the writer takes it and waits
+    log.event(1, 0, 0, "arrive", "arrived", 0)  # the second: queued behind it
+    threading.Timer(0.2, release.set).start()
+    log.abort()  # waits for the write under way, drops the queued one
+    assert started == [1]
+    assert not any(p.suffix == ".parquet" or p.name == "run.json" for p in tmp_path.iterdir())
 
 
-def test_a_runner_that_never_reads_tokens_makes_no_prompt_and_logs_the_same_run(tmp_path):
-    """The simulated runner needs only how many tokens each row runs: its batches carry -1 for prefill
-    tokens and no synthetic prompt is ever made. A runner that reads them gets every row's real ids
-    (prompt, then output after a recompute); the two runs' logs are identical."""
-    reqs, _, tables = _logged_run(SimulatedRunner, tmp_path / "sim")
-    assert all(r.prompt_ids._ids is None for r in reqs)  # never made
-    read_reqs, reader, read_tables = _logged_run(_ReadingRunner, tmp_path / "read")
-    for name, table in tables.items():
-        assert read_tables[name].equals(table), f"{name} table differs"
-    assert sum(r.num_preemptions for r in read_reqs) > 0  # recomputes replay prompt and output tokens
-    by_id = {r.request_id: r for r in read_reqs}
-    chunks = 0
-    for ids, starts, counts, tokens in reader.seen:
-        ends = np.cumsum(counts)
-        for rid, start, n, end in zip(ids.tolist(), starts.tolist(), counts.tolist(), ends.tolist()):
-            r = by_id[rid]
-            assert tokens[end - n: end].tolist() == [*r.prompt_ids, *r.output_ids][start: start + n]
-            chunks += n > 1
-    assert chunks > len(read_reqs)  # prompts ran in chunks, and again after recomputes
+def test_a_run_that_fails_aborts_its_logs(tmp_path, monkeypatch):
+    """The engine raises mid-run: its run logs are aborted (RunLog.abort), in session.run and run_in_turn."""
+    from itertrace.profiler import session
+
+    aborted = []
+    monkeypatch.setattr(RunLog, "abort", lambda self: aborted.append(self.run_dir))
+
+    def broken_forward(self, prepared):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(SimulatedRunner, "forward", broken_forward)
+    reqs = lambda: wl.build_requests([wl.RequestSpec(0, 8, 4)] * 3)  # noqa: E731
+    with pytest.raises(RuntimeError, match="device lost"):
+        session.run(session.RunSpec(), reqs(), run_dir=tmp_path / "a")
+    with pytest.raises(RuntimeError, match="device lost"):
+        session.run_in_turn([(session.RunSpec(), reqs(), tmp_path / "b", "w"), (session.RunSpec(), reqs(), None, "w")])
+    assert aborted == [tmp_path / "a", tmp_path / "b"]

@@ -23,12 +23,12 @@ def test_calibration_recovers_a_known_cost_model():
 def test_torch_and_simulated_runners_see_the_same_schedule():
     spec = RunSpec(model=ModelSpec(hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=2,
                                    intermediate_size=128), num_blocks=1200)
-    result = experiments.slot_time_runners(spec, n_torch=16, n_full=64)
+    result = experiments.slot_time_runners(spec, n_torch=20, n_full=60)
     a = result["agreement"]
     torch_rows = {(r["workload"], r["mode"]): r for r in result["rows"]}
     # the schedule does not depend on time: iterations and idle slots match the simulated run exactly
     same_size = experiments.slot_time(RunSpec(num_blocks=1200, cost=CostModel(**{
-        k: a["cost_model"][k] for k in ("fixed_ns", "per_seq_ns", "per_token_ns", "per_context_token_ns")})), 16)
+        k: a["cost_model"][k] for k in ("fixed_ns", "per_seq_ns", "per_token_ns", "per_context_token_ns")})), 20)
     for row in same_size["rows"]:
         t = torch_rows[(row["workload"], row["mode"])]
         assert (t["iterations"], t["idle_slot_iterations"]) == (row["iterations"], row["idle_slot_iterations"])

@@ -101,7 +101,7 @@ def test_a_synth_prompt_reads_as_its_ids_and_makes_them_only_when_read() -> None
     assert prompt == want and prompt == SynthPrompt(300, seed=11) and prompt != SynthPrompt(300, seed=12)
 
 
-def test_synth_prompts_refuse_bad_input() -> None:
+def test_synth_prompt_and_synth_prompt_objects_refuse_bad_input() -> None:
     with pytest.raises(ValueError, match="length must be >= 0"):
         synth_prompt(-1, seed=0)
     with pytest.raises(ValueError, match="length must be >= 0"):
