@@ -195,9 +195,10 @@ class Engine:
                 if ran:
                     tracer.pop()
                     iteration += ran
-                    if self.progress is not None:  # as if one by one: at each thousandth iteration
-                        for passed in range((iteration - ran) // 1000 + 1, iteration // 1000 + 1):
-                            self.progress(passed * 1000, next_arrival)
+                    if self.progress is not None:  # as if one by one
+                        every = self._progress_every
+                        for passed in range((iteration - ran) // every + 1, iteration // every + 1):
+                            self.progress(passed * every, next_arrival)
                     continue
             with tracer.phase(PhaseName.PREPARE):
                 if decision.swap.swap_out or decision.swap.swap_in:
