@@ -52,7 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "(default 4000 simulated; 48 torch, beside the simulated runner fitted here at 48 and 4000)")
     e.add_argument("--out", type=Path, help="also write each run's logs under this directory")
     e.add_argument("--format", choices=("table", "json"), default="table")
-    e.set_defaults(func=cmd_experiment)
+    # None: not given. An experiment refuses the flags it sets itself even at their usual default
+    # value (cmd_experiment), and fills in the usual defaults of the others.
+    e.set_defaults(func=cmd_experiment, **{dest: None for dest in _EXPERIMENT_SET})
 
     c = sub.add_parser("calibrate", help="fit the simulated runner's cost model to the torch runner here")
     _engine_flags(c)
@@ -226,6 +228,7 @@ _SET_BY_EXPERIMENT = {
                  "requests"),
 }
 SLOT_TIME_MIN_TOKEN_BUDGET = 16 * 32  # slot-time's 16 prompts of 32 tokens in one iteration, as in the seed
+_EXPERIMENT_SET = sorted({dest for dests in _SET_BY_EXPERIMENT.values() for dest in dests} - {"requests"})
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
@@ -233,11 +236,14 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     from itertrace.profiler import experiments
     from itertrace.profiler.summary_table import format_experiment
 
-    defaults = build_parser().parse_args(["experiment", args.name])
     for dest in _SET_BY_EXPERIMENT[args.name]:
-        if getattr(args, dest) != getattr(defaults, dest):
+        if getattr(args, dest) is not None:
             raise UserError(f"experiment {args.name} sets --{dest.replace('_', '-')} itself (the seed's setup); "
                             f"leave out --{dest.replace('_', '-')} {getattr(args, dest)}")
+    defaults = build_parser().parse_args(["run"])  # the same engine flags, with their usual defaults
+    for dest in _EXPERIMENT_SET:
+        if getattr(args, dest) is None:
+            setattr(args, dest, getattr(defaults, dest))
     if args.name == "slot-time" and args.token_budget < SLOT_TIME_MIN_TOKEN_BUDGET:
         raise UserError(f"experiment slot-time needs --token-budget of at least {SLOT_TIME_MIN_TOKEN_BUDGET} "
                         f"(16 prompts of 32 tokens at once), not {args.token_budget}")

@@ -82,6 +82,7 @@ def test_run_refuses_a_non_empty_out_dir_and_leaves_it_alone(tmp_path, capsys):
     (["experiment", "fairness", "--token-budget", "20", "--no-chunked-prefill"], "ended rejected (too_long)"),
     (["experiment", "fairness", "--policy", "srw"], "fairness sets --policy itself"),
     (["experiment", "slot-time", "--capacity", "8"], "slot-time sets --capacity itself"),
+    (["experiment", "worked-example", "--capacity", "16"], "worked-example sets --capacity itself"),  # the usual default
     (["experiment", "worked-example", "--requests", "40"], "worked-example sets --requests itself"),
     (["run", "--swap-blocks", "-3"], "--swap-blocks: expected an integer of at least 0, not -3"),
     (["experiment", "fairness", "--swap-blocks", "5"], "fairness sets --swap-blocks itself"),
