@@ -144,7 +144,6 @@ class Engine:
         self._dense_ids = np.array_equal(self._ids, np.arange(len(pending)))
         self._last_token_ns = np.full(len(pending), NO_TIME, dtype=np.int64)
         sched, clock, tracer = self.scheduler, self.clock, self.tracer
-        cfg = sched.config
         next_arrival, iteration, idle_runs = 0, 0, 0
         result = RunResult(pending, self._times, 0, 0, 0, 0, clock.now_ns(), 0, bool(self.runner.simulated))
         while next_arrival < len(pending) or sched.has_work():
@@ -224,13 +223,7 @@ class Engine:
             tracer.pop()
 
             self._flush_events(start, end)
-            idle = cfg.max_num_seqs - decision.batch.num_seqs
-            result.idle_slot_iterations += idle
-            result.idle_finished += len(decision.finished_member_ids)
-            if queued:
-                result.idle_while_queued += idle
-            if self.keep_membership:
-                result.membership.append(decision.member_ids)
+            self._tally(result, decision, queued, 1)
             if self.on_iteration is not None:
                 self.on_iteration(decision, start, end)
             if self.log is not None:
@@ -304,13 +297,7 @@ class Engine:
             for rid in ids.tolist():
                 self._times[rid].token_ns.extend(end_ns)
                 self._times[rid].token_iterations.extend(iterations)
-        idle = sched.config.max_num_seqs - batch.num_seqs
-        result.idle_slot_iterations += steps * idle
-        result.idle_finished += steps * len(d.finished_member_ids)
-        if queued:
-            result.idle_while_queued += steps * idle
-        if self.keep_membership:
-            result.membership.extend([d.member_ids] * steps)
+        self._tally(result, d, queued, steps)
         if row is not None:
             self.log.token_steps(ids, numbers, ends)
             self.log.iterations(row | {  # the rest as in this iteration's row (kv_freed: 0 in a quiet one)
@@ -319,6 +306,17 @@ class Engine:
                 "kv_allocated": allocated, "kv_in_use": in_use}, steps)
         result.fast_forwarded += steps
         return steps
+
+    def _tally(self, result: RunResult, d: Decision, queued: int, steps: int) -> None:
+        """Count `steps` iterations like `d`'s: idle slots (held by finished members, left while requests
+        queued) and, when kept, membership."""
+        idle = self.scheduler.config.max_num_seqs - d.batch.num_seqs
+        result.idle_slot_iterations += steps * idle
+        result.idle_finished += steps * len(d.finished_member_ids)
+        if queued:
+            result.idle_while_queued += steps * idle
+        if self.keep_membership:
+            result.membership.extend([d.member_ids] * steps)
 
     def _mark_admissions(self) -> None:
         """An `admit` mark for each request scheduled for the first time (inside this step)."""

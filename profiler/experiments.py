@@ -110,8 +110,9 @@ def slot_time(spec: RunSpec, n: int, out: Path | None = None, prompt_tokens: int
     return {"experiment": "slot-time", "runner": spec.runner, "simulated": spec.runner == "simulated",
             "requests_per_workload": n, "capacity": capacity, "in_turn": in_turn,
             "variable_lengths": {str(length): p for length, p in zip(VARIABLE_LENGTHS, VARIABLE_PROBS)},
-            "variable_lengths_note": f"whole blocks of {VARIABLE_BLOCK} requests in these proportions; the "
-                                     f"{n % VARIABLE_BLOCK} left over at 128 tokens, so the mean is exactly 128",
+            "variable_lengths_note": f"whole blocks of {VARIABLE_BLOCK} requests in these proportions"
+                                     + (f", and {n % VARIABLE_BLOCK} more at 128 tokens" if n % VARIABLE_BLOCK else "")
+                                     + ", so the mean is exactly 128",
             "rows": rows,
             "continuous_over_static": ratios, "conclusion": _conclusion(rows, ratios)}
 

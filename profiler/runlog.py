@@ -137,9 +137,7 @@ class _Table:
     def flush(self, final: bool = False) -> None:
         """Write whole row groups of `rows_per_group` rows (and, when final, the rest): the table is built
         here, and encoded and compressed on the writer thread. The first error it met is raised here."""
-        self._raise_errors(wait=False)
-        while len(self._pending) >= _MAX_PENDING:  # the writer is behind: wait, rather than pile up tables
-            self._pending.pop(0).result()
+        self._drain(keep=_MAX_PENDING - 1)  # a writer behind: wait for it, rather than pile up tables
         if self.writer is None:
             self.writer = self._writer()
         table = self._take_buffer()
@@ -151,12 +149,10 @@ class _Table:
                 self.writer.write_table, table.slice(0, cut), row_group_size=self.rows_per_group))
         self._carry = table.slice(cut) if cut < table.num_rows else None
         self.buffered = table.num_rows - cut
-        if final:
-            self._raise_errors(wait=True)
 
-    def _raise_errors(self, wait: bool) -> None:
-        """Forget finished writes, raising the first one's error; with `wait`, wait for all of them."""
-        while self._pending and (wait or self._pending[0].done()):
+    def _drain(self, keep: int) -> None:
+        """Forget finished writes, raising the first one's error, and wait until at most `keep` remain."""
+        while self._pending and (self._pending[0].done() or len(self._pending) > keep):
             self._pending.pop(0).result()
 
     def _writer(self) -> pq.ParquetWriter:
@@ -174,7 +170,7 @@ class _Table:
         """Write what is left, and `stamp` as the file's key-value metadata; then the file takes its name."""
         if self.buffered or self.writer is None:  # an empty table still gets its file and schema
             self.flush(final=True)
-        self._raise_errors(wait=True)
+        self._drain(keep=0)
         if stamp:
             self.writer.add_key_value_metadata(stamp)
         self.writer.close()
