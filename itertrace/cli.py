@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 
 from itertrace.errors import UserError
 
@@ -18,7 +20,8 @@ _PARTS = ("itertrace.profiler.cli", "itertrace.ingest.cli", "itertrace.queries.c
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, status 2, like every other user error
-        raise UserError(f"{self.prog}: {message}")
+        command = self.prog.removeprefix("itertrace").strip()  # main prints "itertrace: error: " itself
+        raise UserError(f"{command}: {message}" if command else message)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,13 +39,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (a `kill`, a job scheduler's time limit), raised where the program is, as Ctrl-C is: the
+    commands clean up as they do on Ctrl-C (no half-written run directory is left)."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
+    on_main_thread = threading.current_thread() is threading.main_thread()  # where signals are handled
+    before = signal.signal(signal.SIGTERM, _terminate) if on_main_thread else None
+    try:
+        return _main(argv)
+    finally:
+        if on_main_thread:
+            signal.signal(signal.SIGTERM, before)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
     except UserError as exc:
         print(f"itertrace: error: {exc}", file=sys.stderr)
         return 2
+    except _Terminated:
+        print("itertrace: terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("itertrace: interrupted", file=sys.stderr)
         return 130

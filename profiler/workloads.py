@@ -6,7 +6,9 @@ import csv
 import json
 import math
 import random
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -133,7 +135,10 @@ def synthetic(n: int, *, rate: float, cv: float = 1.0, prompt: str = "128", outp
 
 
 def load_trace(path: Path, *, limit: int | None = None, time_scale: float = 1.0) -> list[RequestSpec]:
-    """Read an Azure LLM trace CSV or a JSONL trace; arrivals start at 0 and are divided by `time_scale`."""
+    """Read an Azure LLM trace CSV or a JSONL trace; arrivals start at 0 and are divided by `time_scale`.
+
+    A length of 0 (a request that failed or was cut off upstream) runs as 1 token, the least the engine
+    can run; a note on stderr says how many there were."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such workload file")
@@ -149,51 +154,91 @@ def load_trace(path: Path, *, limit: int | None = None, time_scale: float = 1.0)
     if not span < 2**62:
         raise UserError(f"{path}: arrivals span {span / 1e9 / 86400 / 365.25:.3g} years after --time-scale "
                         f"{time_scale:g}; the engine's clock holds under 146")
+    zeros = sum(1 for _, p, o in rows if not p or not o)
+    if zeros:
+        print(f"itertrace: note: {path}: {zeros} request(s) with 0 prompt or output tokens run with 1",
+              file=sys.stderr)
     return [RequestSpec(int((t - t0) / time_scale), max(1, p), max(1, o)) for t, p, o in rows]
+
+
+class _BadValue(ValueError):
+    """One field of a trace row, and what is wrong with it."""
+
+
+def _field(rec: dict, name: str, parse: Callable[[object], int]) -> int:
+    """rec[name] parsed, or _BadValue naming the field, its value and what was expected."""
+    if name not in rec or rec[name] is None:
+        raise _BadValue(f"no {name}")
+    try:
+        return parse(rec[name])
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise _BadValue(f"{name} {rec[name]!r}: {exc}") from None
 
 
 def _read_azure_csv(path: Path, limit: int | None) -> list[tuple[int, int, int]]:
     rows = []
     with path.open(newline="", encoding="utf-8-sig") as fh:  # a byte-order mark is not part of the first name
         reader = csv.DictReader(fh)
-        missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(reader.fieldnames or ())
+        header = reader.fieldnames or ()
+        missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(header)
         if missing:
             raise UserError(f"{path}: not an Azure LLM trace: missing column(s) {', '.join(sorted(missing))}")
         for line, rec in enumerate(reader, start=2):
             if limit is not None and len(rows) >= limit:
                 break
             try:
-                ts = _in_range(_azure_timestamp_ns(rec["TIMESTAMP"] or ""))
-                rows.append((ts, _length(rec["ContextTokens"]), _length(rec["GeneratedTokens"])))
-            except (TypeError, ValueError):
-                raise UserError(f"{path}:{line}: bad row {rec!r}") from None
+                if None in rec or None in rec.values():  # DictReader's marks for too many and too few fields
+                    fields = len(rec) - (None in rec) + len(rec.get(None, ())) - list(rec.values()).count(None)
+                    raise _BadValue(f"{fields} fields, the header has {len(header)}")
+                rows.append((_field(rec, "TIMESTAMP", _azure_timestamp_ns), _field(rec, "ContextTokens", _length),
+                             _field(rec, "GeneratedTokens", _length)))
+            except _BadValue as exc:
+                raise UserError(f"{path}:{line}: bad row: {exc}") from None
     return rows
+
+
+def _length(value: object) -> int:
+    """A token count from a trace: a whole number, not negative (load_trace runs 0 as 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError("expected a whole number of tokens")
+    if isinstance(value, float) and not value.is_integer():  # JSON 3.7: int() would cut it to 3
+        raise ValueError("not a whole number")
+    try:
+        length = int(value)
+    except ValueError:
+        raise ValueError("expected a whole number of tokens") from None
+    if length < 0:
+        raise ValueError("a length cannot be negative")
+    return length
 
 
 def _in_range(ns: int) -> int:
     """A timestamp in ns that the engine's int64 clocks hold with room to spare (under 146 years from 1970)."""
     if not -(2**62) < ns < 2**62:
-        raise ValueError(f"timestamp {ns} ns is out of range")
+        raise ValueError("out of the range the engine's clock holds (1824 to 2116)")
     return ns
 
 
-def _length(value) -> int:
-    """A token count from a trace: a whole number, not negative (load_trace reads 0 as 1)."""
-    if isinstance(value, float) and not value.is_integer():  # JSON 3.7: int() would cut it to 3
-        raise ValueError(f"length {value} is not a whole number")
-    length = int(value)
-    if length < 0:
-        raise ValueError(f"negative length {length}")
-    return length
-
-
-def _azure_timestamp_ns(text: str) -> int:
-    """'2023-11-16 18:17:03.9799600' (100 ns digits) to integer ns since the Unix epoch."""
-    whole, _, frac = text.strip().partition(".")
-    secs = calendar.timegm(time.strptime(whole, "%Y-%m-%d %H:%M:%S"))
+def _azure_timestamp_ns(text: object) -> int:
+    """'2023-11-16 18:17:03.9799600' (UTC, 100 ns digits) to integer ns since the Unix epoch."""
+    whole, _, frac = str(text).strip().partition(".")
+    try:
+        secs = calendar.timegm(time.strptime(whole, "%Y-%m-%d %H:%M:%S"))
+    except ValueError:
+        raise ValueError("expected a time like 2023-11-16 18:17:03.9799600") from None
     if frac and not frac.isdigit():
-        raise ValueError(text)
-    return secs * 1_000_000_000 + int((frac + "000000000")[:9])
+        raise ValueError("expected a time like 2023-11-16 18:17:03.9799600")
+    return _in_range(secs * 1_000_000_000 + int((frac + "000000000")[:9]))
+
+
+def _ms_timestamp_ns(value: object) -> int:
+    """A JSONL timestamp in milliseconds to integer ns."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError("expected a finite number of milliseconds")
+    return _in_range(int(float(value) * 1_000_000))
+
+
+_JSONL_FIELDS = "; expected one object per line with timestamp (ms), input_length, output_length"
 
 
 def _read_jsonl(path: Path, limit: int | None) -> list[tuple[int, int, int]]:
@@ -205,9 +250,14 @@ def _read_jsonl(path: Path, limit: int | None) -> list[tuple[int, int, int]]:
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
-                rows.append((_in_range(int(float(rec["timestamp"]) * 1_000_000)), _length(rec["input_length"]),
-                             _length(rec["output_length"])))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError) as exc:
-                raise UserError(f"{path}:{line_no}: expected JSON with timestamp (ms), input_length, output_length ({type(exc).__name__}: {exc})") from None
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise _BadValue(f"not JSON ({exc.msg} at character {exc.pos + 1}){_JSONL_FIELDS}") from None
+                if not isinstance(rec, dict):
+                    raise _BadValue(f"a JSON {type(rec).__name__}, not an object{_JSONL_FIELDS}")
+                rows.append((_field(rec, "timestamp", _ms_timestamp_ns), _field(rec, "input_length", _length),
+                             _field(rec, "output_length", _length)))
+            except _BadValue as exc:
+                raise UserError(f"{path}:{line_no}: {exc}") from None
     return rows

@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -109,17 +113,32 @@ def test_torch_runner_flags_it_cannot_use_get_one_line_and_leave_no_run_dir(tmp_
 
 @pytest.mark.parametrize("name, body, needle", [
     ("bad.csv", "TIMESTAMP,ContextTokens\n2023-11-16 18:17:03.9799600,10\n", "missing column(s) GeneratedTokens"),
-    ("bad2.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,ten,3\n", "bad2.csv:2: bad row"),
+    ("bad2.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,ten,3\n",
+     "bad2.csv:2: bad row: ContextTokens 'ten': expected a whole number of tokens"),
+    ("half.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,4,3.5\n",
+     "half.csv:2: bad row: GeneratedTokens '3.5': expected a whole number of tokens"),
+    ("iso.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16T18:17:03.97,4,3\n",
+     "iso.csv:2: bad row: TIMESTAMP '2023-11-16T18:17:03.97': expected a time like 2023-11-16 18:17:03.9799600"),
+    ("extra.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,4,3,7\n",
+     "extra.csv:2: bad row: 4 fields, the header has 3"),
+    ("cut.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,4,3\n2023-11-16 18:17:04.1,4",
+     "cut.csv:3: bad row: 2 fields, the header has 3"),
+    ("bool.jsonl", '{"timestamp": 1, "input_length": true, "output_length": 4}\n',
+     "bool.jsonl:1: input_length True: expected a whole number of tokens"),
+    ("list.jsonl", '[1, 3, 4]\n', "list.jsonl:1: a JSON list, not an object"),
+    ("open.jsonl", '{"timestamp": 1, "input_length": 3\n', "open.jsonl:1: not JSON"),
     ("bad.jsonl", '{"timestamp": 1, "input_length": 3, "output_length": 4}\n{"timestamp": 2}\n', "bad.jsonl:2:"),
     ("empty.jsonl", "", "no requests"),
-    ("neg.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,-4,3\n", "neg.csv:2: bad row"),
+    ("neg.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,-4,3\n",
+     "neg.csv:2: bad row: ContextTokens '-4': a length cannot be negative"),
     ("short.csv", "ContextTokens,GeneratedTokens,TIMESTAMP\n4,3\n", "short.csv:2: bad row"),
     ("neg.jsonl", '{"timestamp": 1, "input_length": 3, "output_length": -4}\n', "neg.jsonl:1:"),
     ("frac.jsonl", '{"timestamp": 1, "input_length": 3.7, "output_length": 4}\n', "not a whole number"),
     ("inf.jsonl", '{"timestamp": Infinity, "input_length": 3, "output_length": 4}\n', "inf.jsonl:1:"),
     ("binary.jsonl", "\udcff\udcfe garbage\n", "binary.jsonl: not a text file"),
     ("huge.jsonl", '{"timestamp": 1e300, "input_length": 3, "output_length": 4}\n', "huge.jsonl:1:"),
-    ("far.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n9999-11-16 18:17:03.97,4,3\n", "far.csv:2: bad row"),
+    ("far.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n9999-11-16 18:17:03.97,4,3\n",
+     "far.csv:2: bad row: TIMESTAMP '9999-11-16 18:17:03.97': out of the range"),
     ("bom.csv", "\ufeffTIMESTAMP,ContextTokens\n2023-11-16 18:17:03.97,4\n", "missing column(s) GeneratedTokens\n"),
 ])
 def test_malformed_workload_files_get_one_line(tmp_path, capsys, name, body, needle):
@@ -128,6 +147,15 @@ def test_malformed_workload_files_get_one_line(tmp_path, capsys, name, body, nee
     rc, _, err = _run(capsys, "run", "--workload", str(path), "--out", str(tmp_path / "r"))
     assert rc == 2 and needle in err and err.count("\n") == 1
     assert not (tmp_path / "r").exists()
+
+
+def test_zero_lengths_run_as_one_token_and_say_so(tmp_path, capsys):
+    path = tmp_path / "zeros.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,4,0\n"
+                    "2023-11-16 18:17:04.97,0,3\n2023-11-16 18:17:05.97,5,2\n")
+    specs = wl.load_trace(path)
+    assert [(s.prompt_tokens, s.output_tokens) for s in specs] == [(4, 1), (1, 3), (5, 2)]
+    assert capsys.readouterr().err == f"itertrace: note: {path}: 2 request(s) with 0 prompt or output tokens run with 1\n"
 
 
 def test_traces_with_a_byte_order_mark_load(tmp_path):
@@ -190,3 +218,18 @@ def test_a_failed_experiment_leaves_nothing_under_out_and_a_finished_one_all_of_
     assert rc == 0 and [p.name for p in tmp_path.iterdir()] == ["e"]
     assert sorted(p.name for p in (tmp_path / "e").iterdir()) == ["worked-example-continuous", "worked-example-static"]
     assert (tmp_path / "e" / "worked-example-static" / "run.json").is_file()
+
+
+def test_a_run_stopped_by_sigterm_says_so_and_leaves_nothing(tmp_path):
+    """SIGTERM (kill, a job's time limit) cleans up as Ctrl-C does: exit 143, one line, no directory."""
+    proc = subprocess.Popen([sys.executable, "-m", "itertrace.cli", "run", "--num-requests", "200000",
+                             "--out", str(tmp_path / "r")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(tmp_path.glob(".r.*/*.partial")):  # the run has started writing its logs
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and out == ""
+    assert err.splitlines()[-1] == "itertrace: terminated"
+    assert list(tmp_path.iterdir()) == []
