@@ -33,13 +33,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     _engine_flags(p)
     p.add_argument("--workload", default="synthetic",
                    help=f"one of {', '.join(WORKLOADS)}, or a trace file (.csv Azure format, .jsonl)")
-    p.add_argument("--num-requests", type=at_least(1), default=64, help="synthetic and slot-time workloads")
-    p.add_argument("--rate", type=float, default=0.0, help="synthetic arrivals per second (0: all at once)")
-    p.add_argument("--cv", type=float, default=1.0, help="gamma inter-arrival coefficient of variation (1: Poisson)")
-    p.add_argument("--prompt-len", default="128", help="N, uniform:LO:HI or choice:A,B@PA,PB")
-    p.add_argument("--output-len", default="128", help="N, uniform:LO:HI or choice:A,B@PA,PB")
+    p.add_argument("--num-requests", type=at_least(1), help="synthetic and slot-time workloads (default 64)")
+    p.add_argument("--rate", type=float, help="synthetic: arrivals per second (default 0: all at once)")
+    p.add_argument("--cv", type=float, help="synthetic: gamma inter-arrival coefficient of variation (default 1: Poisson)")
+    p.add_argument("--prompt-len", help="synthetic: N, uniform:LO:HI or choice:A,B@PA,PB (default 128)")
+    p.add_argument("--output-len", help="synthetic: N, uniform:LO:HI or choice:A,B@PA,PB (default 128)")
     p.add_argument("--limit", type=at_least(1), help="trace files: read at most this many requests")
-    p.add_argument("--time-scale", type=_scale, default=1.0, help="trace files: divide arrival times by this")
+    p.add_argument("--time-scale", type=_scale, help="trace files: divide arrival times by this (default 1)")
     p.add_argument("--out", type=Path, help="run directory to create (default: runs/<time>)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.set_defaults(func=cmd_run)
@@ -134,6 +134,32 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
     return spec
 
 
+# The workload flags: their usual values, and the workloads that read them. They default to None, so that
+# `run` can refuse one given to a workload that would not read it (a --limit on a synthetic workload).
+_WORKLOAD_FLAGS = {
+    "num_requests": (64, ("synthetic", "slot-time-uniform", "slot-time-variable")),
+    "rate": (0.0, ("synthetic",)),
+    "cv": (1.0, ("synthetic",)),
+    "prompt_len": ("128", ("synthetic",)),
+    "output_len": ("128", ("synthetic",)),
+    "limit": (None, ("trace file",)),
+    "time_scale": (1.0, ("trace file",)),
+}
+
+
+def _fill_workload_flags(args: argparse.Namespace) -> None:
+    """Refuse a workload flag the workload does not read; give the others their usual values."""
+    kind = args.workload if args.workload in WORKLOADS else "trace file"
+    for dest, (usual, readers) in _WORKLOAD_FLAGS.items():
+        value = getattr(args, dest)
+        if value is None:
+            setattr(args, dest, usual)
+        elif kind not in readers:
+            flag = "--" + dest.replace("_", "-")
+            who = readers[0] if len(readers) == 1 else f"{', '.join(readers[:-1])} and {readers[-1]}"
+            raise UserError(f"{flag} {value}: --workload {args.workload} does not read it (only {who} workloads do)")
+
+
 def _workload(args: argparse.Namespace) -> list[RequestSpec]:
     from itertrace.profiler import workloads as wl
 
@@ -204,6 +230,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from itertrace.profiler.summary_table import format_summary
 
     spec = spec_from_args(args)
+    _fill_workload_flags(args)
     specs = _workload(args)
     reqs = wl.build_requests(specs, seed=args.seed)
     target, tmp = _fresh_dir(args.out)

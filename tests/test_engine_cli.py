@@ -93,6 +93,11 @@ def test_run_refuses_a_non_empty_out_dir_and_leaves_it_alone(tmp_path, capsys):
     (["experiment", "slot-time", "--token-budget", "64"], "slot-time needs --token-budget of at least 512"),
     (["experiment", "slot-time", "--requests", "10"], "--requests: expected an integer of at least 20, not 10"),
     (["calibrate", "--out", "/nonexistent/cost.json"], "folder /nonexistent does not exist"),
+    (["run", "--limit", "5"], "--limit 5: --workload synthetic does not read it (only trace file workloads do)"),
+    (["run", "--workload", "worked-example", "--num-requests", "3"], "--num-requests 3: --workload worked-example "
+     "does not read it (only synthetic, slot-time-uniform and slot-time-variable workloads do)"),
+    (["run", "--workload", "slot-time-variable", "--output-len", "7"], "--output-len 7: --workload slot-time-variable"),
+    (["run", "--num-requets", "10"], "itertrace: error: unrecognized arguments: --num-requets 10\n"),
 ])
 def test_bad_flags_get_one_line_and_status_2(argv, needle, capsys):
     rc, out, err = _run(capsys, *argv)
