@@ -17,7 +17,7 @@ from itertrace.errors import UserError
 # The engine, DuckDB and Altair are imported when the demo runs, not when `itertrace` builds its parser.
 
 # The live run: the seed's worked example on the torch runner, one CPU thread (see sample_traces/README.md).
-LIVE = ["run", "--runner", "torch", "--workload", "worked-example", "--capacity", "8", "--threads", "1", "--seed", "0"]
+LIVE = ["run", "--runner", "torch", "--workload", "worked-example", "--capacity", "8", "--seed", "0"]
 
 
 # The reports, each comparing runs of one study: (file, title, run-name prefix).

@@ -106,7 +106,9 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     r.add_argument("--intermediate", type=at_least(1), default=688)
     r.add_argument("--checkpoint", help="torch runner: a local Llama-style checkpoint directory")
     r.add_argument("--device", help="torch runner: cpu or cuda (default: cuda when present)")
-    r.add_argument("--threads", type=at_least(1), help="torch runner: CPU threads (default: torch's, one per core)")
+    r.add_argument("--threads", type=at_least(1), default=1,
+                   help="torch runner: CPU threads (default 1: torch's default of one per core slows down many "
+                        "times over when another process holds a core)")
     r.add_argument("--seed", type=int, default=0)
 
 
@@ -254,6 +256,8 @@ _SET_BY_EXPERIMENT = {
     "fairness": ("mode", "policy", "capacity", "preemption", "aging", "num_blocks", "block_size", "swap_blocks",
                  "requests"),
 }
+POOR_FIT_R2 = 0.8  # calibrate warns below this (one thread here fit at 0.91 beside a busy test suite and 0.94 on
+# a quieter machine; two threads beside the busy suite, at 0.37)
 SLOT_TIME_MIN_TOKEN_BUDGET = 16 * 32  # slot-time's 16 prompts of 32 tokens in one iteration, as in the seed
 _EXPERIMENT_SET = sorted({dest for dests in _SET_BY_EXPERIMENT.values() for dest in dests} - {"requests"})
 
@@ -308,4 +312,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
           f"{cost.per_token_ns / 1e3:.2f} us/token + "
           f"{cost.per_context_token_ns:.1f} ns/context token (R^2 {stats['r2']:.3f}, "
           f"{stats['iterations']} iterations); wrote {args.out}")
+    if stats["r2"] < POOR_FIT_R2:
+        print(f"itertrace: warning: a poor fit (R^2 {stats['r2']:.2f}, median error "
+              f"{stats['median_abs_error_pct']:.0f}%): iteration times were noisy, likely another process "
+              "on these cores; the simulated runner will be off by as much. Calibrate again on a quiet machine.",
+              file=sys.stderr)
     return 0

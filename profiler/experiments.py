@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import statistics
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,6 +22,13 @@ def _dir(out: Path | None, name: str) -> Path | None:
     return None if out is None else Path(out) / name
 
 
+def _stage(spec: RunSpec, text: str) -> None:
+    """A line on stderr as each stage of a torch experiment starts: those take minutes, and the table
+    comes only at the end. Simulated experiments take seconds and say nothing."""
+    if spec.runner == "torch":
+        print(f"  {time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
+
+
 def _all_ran(experiment: str, reqs) -> None:
     """The experiments' figures assume every request ran to its length: otherwise, say which did not and why."""
     for r in reqs:
@@ -35,6 +44,7 @@ def worked_example(spec: RunSpec, out: Path | None = None) -> dict:
     rows = []
     for mode in (Mode.STATIC, Mode.CONTINUOUS):
         s = replace(spec, scheduler=replace(spec.scheduler, mode=mode, max_num_seqs=8))
+        _stage(s, f"worked-example: {mode.value} batching")
         reqs = build_requests(we_specs(), seed=spec.seed)
         res = run(s, reqs, run_dir=_dir(out, f"worked-example-{mode.value}"), workload="worked-example",
                   keep_membership=True)
@@ -134,11 +144,15 @@ def slot_time_runners(spec: RunSpec, n_torch: int, n_full: int, out: Path | None
     if cost is None:
         from itertrace.profiler.calibrate import calibrate
 
+        _stage(torch_spec, "slot-time: fitting the simulated runner's cost model to the torch runner")
         cost, fit = calibrate(torch_spec)
     # warm-up: the first forward passes of a process build kernels and fault in memory, which would
     # land in the first timed run (the uniform static one) alone
+    _stage(torch_spec, "slot-time: a warm-up run")
     run(torch_spec, build_requests(slot_time_specs("variable", 16, 32, spec.seed + 1), seed=spec.seed))
+    _stage(torch_spec, f"slot-time: the four torch runs of {n_torch} requests, an iteration each in turn")
     result = slot_time(torch_spec, n_torch, _dir(out, "torch"), in_turn=True)
+    _stage(torch_spec, f"slot-time: the simulated runner at {n_torch} and {n_full} requests")
     sim_spec = replace(spec, runner="simulated", cost=cost)
     same = slot_time(sim_spec, n_torch, _dir(out, "simulated-same-size"))
     full = slot_time(sim_spec, n_full, _dir(out, "simulated-full-size"))
@@ -218,6 +232,7 @@ def fairness(spec: RunSpec, shorts: int = 400, long_tokens: int = 512, gap_ms: f
                                              priority=1, tenant="batch"))
         reqs = build_requests(specs, seed=spec.seed)
         long_req = reqs[LONG_AFTER]
+        _stage(s, f"fairness: {label}")
         res = run(s, reqs, run_dir=_dir(out, f"fairness-{label}"), workload="fairness", keep_tokens=True)
         _all_ran("fairness", reqs)
         t = res.times[long_req.request_id]

@@ -103,6 +103,8 @@ class _Table:
     schema: pa.Schema
     rows_per_group: int
     writer_thread: ThreadPoolExecutor
+    labels: dict[str, str] = field(default_factory=dict)  # the file's key-value metadata (see RunLog)
+    stores_schema = True  # the Arrow schema, its metadata with it, goes into the file (not a dataclass field)
     rows: int = 0  # written or buffered
     buffer: list[tuple] = field(default_factory=list)
     buffered: int = 0  # rows not yet written
@@ -156,7 +158,8 @@ class _Table:
             self._pending.pop(0).result()
 
     def _writer(self) -> pq.ParquetWriter:
-        return pq.ParquetWriter(self.tmp, self.schema, compression="zstd", **_encodings(self.schema))
+        return pq.ParquetWriter(self.tmp, self.schema.with_metadata(self.labels), compression="zstd",
+                                **_encodings(self.schema))
 
     def _take_buffer(self) -> pa.Table:
         """The buffered rows as a table, in the order they came; empties the buffer."""
@@ -166,13 +169,13 @@ class _Table:
             return _mixed_table([*parts, rows], self.schema)
         return _rows_table(rows, self.schema)
 
-    def close(self, stamp: dict[str, str] | None = None) -> None:
-        """Write what is left, and `stamp` as the file's key-value metadata; then the file takes its name."""
+    def close(self) -> None:
+        """Write what is left; then the file takes its name."""
         if self.buffered or self.writer is None:  # an empty table still gets its file and schema
             self.flush(final=True)
         self._drain(keep=0)
-        if stamp:
-            self.writer.add_key_value_metadata(stamp)
+        if not self.stores_schema:  # the schema's metadata went nowhere: the labels go in by hand
+            self.writer.add_key_value_metadata(self.labels)
         self.writer.close()
         os.replace(self.tmp, self.path)
 
@@ -297,6 +300,7 @@ class _EventTable(_Table):
     """
 
     blocks: list[tuple[int, np.ndarray, int, int, np.ndarray]] = field(default_factory=list)
+    stores_schema = False  # see _writer
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -312,8 +316,8 @@ class _EventTable(_Table):
     def _writer(self) -> pq.ParquetWriter:
         """Kinds and reasons go to the file as they are kept, dictionary-encoded, without turning millions
         of codes into strings first; with no Arrow schema stored, every reader sees plain string columns."""
-        return pq.ParquetWriter(self.tmp, _coded(self.schema), compression="zstd", store_schema=False,
-                                **_encodings(self.schema))
+        return pq.ParquetWriter(self.tmp, _coded(self.schema).with_metadata(self.labels), compression="zstd",
+                                store_schema=False, **_encodings(self.schema))
 
     def _take_buffer(self) -> pa.Table:
         rows, blocks = self.buffer, self.blocks
@@ -352,13 +356,17 @@ class _EventTable(_Table):
 class RunLog:
     """Writes one run directory: iterations.parquet, events.parquet, requests.parquet, run.json."""
 
-    def __init__(self, run_dir: Path, rows_per_group: int = 200_000) -> None:
+    def __init__(self, run_dir: Path, rows_per_group: int = 200_000, labels: dict | None = None) -> None:
+        """`labels` (here: which runner, and whether it was simulated) go into every Parquet file's metadata
+        as `itertrace.<key>` = JSON value, so that a table read on its own still says who made it."""
         self.run_dir = Path(run_dir)
+        stamp = {f"itertrace.{key}": json.dumps(value) for key, value in (labels or {}).items()}
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # one thread for all three tables: each table's row groups are written in the order they came
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="itertrace-runlog")
         self._tables = {name: (_EventTable if name == "events" else _Table)(
-            self.run_dir / f"{name}.parquet", schema, rows_per_group, self._thread) for name, schema in TABLES.items()}
+            self.run_dir / f"{name}.parquet", schema, rows_per_group, self._thread, stamp)
+            for name, schema in TABLES.items()}
 
     def iteration(self, row: dict) -> None:
         self._tables["iterations"].append(_ITERATION_ROW(row))
@@ -391,13 +399,9 @@ class RunLog:
         self._thread.shutdown(wait=True, cancel_futures=True)
 
     def close(self, meta: dict) -> None:
-        """Finish every table and write run.json last: its presence marks a complete run directory.
-
-        Each Parquet file also says which runner made it (key-value metadata `itertrace.runner` and
-        `itertrace.simulated`, from run.json's), so that a table read on its own still says it was simulated."""
-        stamp = {f"itertrace.{key}": json.dumps(meta[key]) for key in ("runner", "simulated") if key in meta}
+        """Finish every table and write run.json last: its presence marks a complete run directory."""
         for table in self._tables.values():
-            table.close(stamp)
+            table.close()
         self._thread.shutdown()
         meta = dict(meta, tables={name: t.rows for name, t in self._tables.items()})
         tmp = self.run_dir / "run.json.partial"

@@ -109,7 +109,8 @@ def _abort(engine: Engine) -> None:
 def _engine(spec: RunSpec, clock, runner, run_dir: Path | None, **options) -> Engine:
     """An engine over a fresh scheduler and KV pool, logging to `run_dir` when given."""
     blocks = BlockManager(spec.num_blocks, spec.block_size, spec.swap_blocks)
-    log = RunLog(run_dir) if run_dir is not None else None
+    labels = {"runner": runner.name, "simulated": bool(runner.simulated)}  # as run.json says
+    log = RunLog(run_dir, labels=labels) if run_dir is not None else None
     return Engine(Scheduler(spec.scheduler, blocks), runner, clock, log=log, **options)
 
 

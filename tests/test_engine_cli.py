@@ -35,8 +35,9 @@ def test_run_writes_logs_whose_latency_matches_the_summary(tmp_path, capsys):
     assert meta["runner"] == "simulated" and meta["clock_source"] == "simulated"
     assert meta["config"]["scheduler"]["policy"] == "fcfs" and meta["versions"]["duckdb"]
     for name in ("iterations", "events", "requests"):  # each file on its own says who made it
-        kv = pq.ParquetFile(out / f"{name}.parquet").metadata.metadata
-        assert (kv[b"itertrace.runner"], kv[b"itertrace.simulated"]) == (b'"simulated"', b"true")
+        for kv in (pq.ParquetFile(out / f"{name}.parquet").metadata.metadata,  # the file's, and the table's read
+                   pq.read_table(out / f"{name}.parquet").schema.metadata):
+            assert (kv[b"itertrace.runner"], kv[b"itertrace.simulated"]) == (b'"simulated"', b"true")
     assert meta["workload"] == "synthetic" and meta["config"]["workload"] == {  # enough to run it again
         "name": "synthetic", "num_requests": 40, "rate": 50.0, "cv": 1.0, "prompt_len": "128", "output_len": "uniform:4:40"}
     # TTFT recomputed from the event log alone agrees with the engine's own summary
@@ -211,7 +212,8 @@ def test_experiments_print_tables_and_json(capsys):
     rows = {r["mode"]: r for r in json.loads(text)["rows"]}
     assert rc == 0 and rows["static"]["iterations_finished_ids_held"] == 480
     assert rows["continuous"]["waiting_first_start"] == 32 and rows["static"]["waiting_first_start"] == 512
-    rc, text, _ = _run(capsys, "experiment", "worked-example")
+    rc, text, err = _run(capsys, "experiment", "worked-example")
+    assert err == ""  # a simulated experiment takes seconds: no stage lines (torch ones print them)
     assert rc == 0 and "SIMULATED" in text and "batch at iteration 32: [7, 8, 9, 10, 11, 12, 13, 14]" in text
 
 
@@ -238,3 +240,17 @@ def test_a_run_stopped_by_sigterm_says_so_and_leaves_nothing(tmp_path):
     assert proc.returncode == 143 and out == ""
     assert err.splitlines()[-1] == "itertrace: terminated"
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("r2, warned", [(0.37, True), (0.93, False)])
+def test_calibrate_warns_of_a_poor_fit_and_still_writes_it(tmp_path, capsys, monkeypatch, r2, warned):
+    from itertrace.profiler import calibrate
+    from itertrace.profiler.sim_runner import CostModel
+
+    stats = {"iterations": 40, "r2": r2, "median_abs_error_pct": 30.1}
+    monkeypatch.setattr(calibrate, "calibrate", lambda spec: (CostModel(), stats))
+    out = tmp_path / "cost.json"
+    rc, text, err = _run(capsys, "calibrate", "--out", str(out))
+    assert rc == 0 and out.is_file() and f"(R^2 {r2:.3f}, 40 iterations); wrote {out}" in text
+    assert err.startswith("itertrace: warning: a poor fit (R^2 0.37, median error 30%)") == warned
+    assert err.count("\n") == warned

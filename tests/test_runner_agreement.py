@@ -20,10 +20,14 @@ def test_calibration_recovers_a_known_cost_model():
 
 
 @pytest.mark.slow
-def test_torch_and_simulated_runners_see_the_same_schedule():
+def test_torch_and_simulated_runners_see_the_same_schedule(capsys):
     spec = RunSpec(model=ModelSpec(hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=2,
                                    intermediate_size=128), num_blocks=1200)
     result = experiments.slot_time_runners(spec, n_torch=20, n_full=60)
+    stages = [line.split(" ", 3)[-1] for line in capsys.readouterr().err.splitlines()]  # "  HH:MM:SS text"
+    assert stages == ["slot-time: fitting the simulated runner's cost model to the torch runner",
+                      "slot-time: a warm-up run", "slot-time: the four torch runs of 20 requests, an iteration each in turn",
+                      "slot-time: the simulated runner at 20 and 60 requests"]  # minutes of torch runs are not silent
     a = result["agreement"]
     torch_rows = {(r["workload"], r["mode"]): r for r in result["rows"]}
     # the schedule does not depend on time: iterations and idle slots match the simulated run exactly
