@@ -22,7 +22,7 @@ import vl_convert
 
 from itertrace import __version__ as version
 from itertrace.dashboards.blocks import ChartBlock, NoteBlock, Report, TableBlock
-from itertrace.errors import UserError
+from itertrace.errors import UserError, no_folder_for
 
 # Applied to every chart of the page and every PNG: the chart functions leave configuration to the caller.
 CONFIG = {
@@ -204,8 +204,8 @@ def write_report(report: Report, out: str | Path, *, png_dir: str | Path | None 
     out = Path(out)
     if out.is_dir():
         raise UserError(f"{out}: is a folder; give the report's file name, e.g. -o {out / 'report.html'}")
-    if not out.parent.is_dir():
-        raise UserError(f"{out}: folder {out.parent} does not exist")
+    if why := no_folder_for(out):
+        raise UserError(f"{out}: {why}")
     charts = report.charts()
     specs = [chart_spec(c.chart) for c in charts]
     page = render_html(report, specs).encode("utf-8")  # before any PNG: a page that fails leaves no PNG behind

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import duckdb
 
-from itertrace.errors import UserError
+from itertrace.errors import UserError, no_folder_for
 from itertrace.ingest.arrow_io import first_line
 from itertrace.ingest.loader import LoadContext, Loader
 from itertrace.ingest.nsys_loader import NsysLoader
@@ -179,8 +179,8 @@ def _group(plan: list[tuple[Path, Loader]]) -> list[tuple[Loader, list[Path]]]:
 def _check_target(target: Path, sources: list[Path]) -> None:
     if not sources:
         raise UserError("no sources to ingest")
-    if not target.parent.is_dir():
-        raise UserError(f"{target}: folder {target.parent} does not exist")
+    if why := no_folder_for(target):
+        raise UserError(f"{target}: {why}")
     if target.is_dir():
         raise UserError(f"{target}: is a folder, not a database file")
     if any(target.resolve() == source.resolve() for source in sources):

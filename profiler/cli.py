@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from itertrace.argtypes import at_least
-from itertrace.errors import UserError
+from itertrace.errors import UserError, no_folder_for
 
 # The engine (numpy, pyarrow) is imported by the commands that run it, not to build the parser:
 # `itertrace --help` and the other parts' commands do not pay for it.
@@ -171,6 +171,8 @@ def _workload(args: argparse.Namespace) -> list[RequestSpec]:
     if name in ("slot-time-uniform", "slot-time-variable"):
         return wl.slot_time(name.rsplit("-", 1)[1], args.num_requests, seed=args.seed)
     if name == "synthetic":
+        for flag, text in (("--prompt-len", args.prompt_len), ("--output-len", args.output_len)):
+            wl.parse_lengths(text, flag)  # refused here, the flag named
         return wl.synthetic(args.num_requests, rate=args.rate, cv=args.cv, prompt=args.prompt_len,
                             output=args.output_len, seed=args.seed)
     if Path(name).suffix.lower() in (".csv", ".jsonl", ".json"):
@@ -303,9 +305,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from itertrace.profiler.calibrate import calibrate, save
 
     spec = replace(spec_from_args(args), runner="torch")
-    if args.out.is_dir() or not args.out.parent.is_dir():  # before the minutes calibrating takes
+    if args.out.is_dir() or no_folder_for(args.out):  # before the minutes calibrating takes
         raise UserError(f"--out {args.out}: " + ("is a folder; --out names the cost-model file" if args.out.is_dir()
-                                                 else f"folder {args.out.parent} does not exist"))
+                                                 else no_folder_for(args.out)))
     cost, stats = calibrate(spec)
     save(cost, stats, spec, args.out)
     print(f"fixed {cost.fixed_ns / 1e6:.3f} ms + {cost.per_seq_ns / 1e3:.1f} us/sequence + "

@@ -86,8 +86,8 @@ def slot_time(kind: str, n: int, prompt_tokens: int = 32, seed: int = 0) -> list
     return [RequestSpec(0, prompt_tokens, out) for out in lengths]
 
 
-def parse_lengths(text: str) -> tuple[str, tuple]:
-    """A length distribution: `128`, `uniform:16:256`, or `choice:8,16,32@0.5,0.3,0.2`."""
+def parse_lengths(text: str, what: str = "length distribution") -> tuple[str, tuple]:
+    """A length distribution: `128`, `uniform:16:256`, or `choice:8,16,32@0.5,0.3,0.2`; `what` names it in errors."""
     try:
         if text.isdigit() and int(text) >= 1:
             return "fixed", (int(text),)
@@ -104,7 +104,7 @@ def parse_lengths(text: str) -> tuple[str, tuple]:
                 return "choice", (vals, ps)
     except ValueError:
         pass
-    raise UserError(f"length distribution {text!r}: expected N, uniform:LO:HI or choice:A,B,..@PA,PB,.. "
+    raise UserError(f"{what} {text!r}: expected N, uniform:LO:HI or choice:A,B,..@PA,PB,.. "
                     "(lengths at least 1, probabilities not negative and summing to 1)")
 
 

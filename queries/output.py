@@ -15,7 +15,7 @@ from typing import TextIO
 
 import duckdb
 
-from itertrace.errors import UserError
+from itertrace.errors import UserError, no_folder_for
 
 FORMATS = ("table", "csv", "json", "parquet")
 _COPY = {"csv": "(FORMAT csv, HEADER true)", "json": "(FORMAT json, ARRAY true)", "parquet": "(FORMAT parquet)"}
@@ -31,8 +31,8 @@ def write(con: duckdb.DuckDBPyConnection, sql: str, fmt: str, out: Path | None, 
         raise UserError("--format parquet needs --out FILE")
     if out is not None and out.is_dir():
         raise UserError(f"{out}: is a folder; --out names a file")
-    if out is not None and not out.parent.is_dir():
-        raise UserError(f"{out.parent}: no such folder for --out")
+    if out is not None and (why := no_folder_for(out)):
+        raise UserError(f"--out {out}: {why}")
     if fmt == "table":
         rel = con.sql(sql)
         if rel is None:  # an empty statement, a comment, or one that returns no result

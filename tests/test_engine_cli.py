@@ -71,15 +71,15 @@ def test_run_refuses_a_non_empty_out_dir_and_leaves_it_alone(tmp_path, capsys):
     (["run", "--policy", "lottery"], "--policy"),
     (["run", "--decode-reserve", "1.5"], "--decode-reserve"),
     (["run", "--workload", "nonsense"], "--workload"),
-    (["run", "--output-len", "choice:8,16@0.5"], "length distribution"),
+    (["run", "--output-len", "choice:8,16@0.5"], "--output-len 'choice:8,16@0.5': expected"),
     (["run", "--preemption", "swap"], "--swap-blocks"),
     (["experiment", "nope"], "invalid choice"),
     (["run", "--cost", "/nonexistent/cost.json"], "no such cost-model file"),
     (["run", "--cost", "/"], "/: cannot read the cost-model file"),
     (["run", "--rate", "inf"], "rate and cv finite"),
     (["run", "--rate", "5", "--cv", "nan"], "rate and cv finite"),
-    (["run", "--prompt-len", "0"], "length distribution '0'"),
-    (["run", "--output-len", "choice:8,16@-1,2"], "length distribution"),
+    (["run", "--prompt-len", "0"], "--prompt-len '0': expected N, uniform:LO:HI or choice"),
+    (["run", "--output-len", "choice:8,16@-1,2"], "--output-len 'choice:8,16@-1,2': expected"),
     (["run", "--time-scale", "0"], "--time-scale"),
     (["experiment", "worked-example", "--out", "/dev/null"], "--out /dev/null"),
     (["experiment", "worked-example", "--out", "/dev/null/x"], "--out /dev/null/x: cannot create it"),
@@ -254,3 +254,20 @@ def test_calibrate_warns_of_a_poor_fit_and_still_writes_it(tmp_path, capsys, mon
     assert rc == 0 and out.is_file() and f"(R^2 {r2:.3f}, 40 iterations); wrote {out}" in text
     assert err.startswith("itertrace: warning: a poor fit (R^2 0.37, median error 30%)") == warned
     assert err.count("\n") == warned
+
+
+def test_an_out_path_under_a_file_is_named_as_a_file_by_every_command(tmp_path, capsys):
+    """Each command that writes a file says a path's folder is a file, not that it "does not exist"."""
+    from tests.conftest import SAMPLES
+
+    db = tmp_path / "run.duckdb"
+    assert main(["ingest", str(SAMPLES / "worked-example-static" / "run"), "--db", str(db), "--quiet"]) == 0
+    (tmp_path / "afile").write_text("mine")
+    for argv in (["ingest", str(SAMPLES / "worked-example-static" / "run"), "--db", "{f}/x.duckdb"],
+                 ["query", "membership_slot_time", "--db", str(db), "--out", "{f}/x.csv"],
+                 ["report", "--db", str(db), "-o", "{f}/sub/r.html"],
+                 ["calibrate", "--out", "{f}/cost.json"]):
+        capsys.readouterr()
+        rc, _, err = _run(capsys, *(a.format(f=tmp_path / "afile") for a in argv))
+        assert rc == 2 and err.endswith(f"{tmp_path / 'afile'} is a file, not a folder\n") and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "run.duckdb"]
