@@ -43,7 +43,6 @@ class Reason(enum.Enum):
     CANCEL_REQUESTED = "cancel_requested"
     TOO_LONG = "too_long"  # can never fit: prompt over the token budget (no chunked prefill) or KV pool too small
     NO_KV_FOR_ADMISSION = "no_kv_for_admission"  # preemption mode "reject": no room, admission refused
-    BATCH_DONE = "batch_done"  # static batching: the batch's last member finished, its slots are released
 
 
 class PreemptKind(enum.Enum):

@@ -21,6 +21,7 @@ from itertrace.profiler.clock import SimClock
 from itertrace.profiler.engine import Engine
 from itertrace.profiler.kv import BlockManager
 from itertrace.profiler.nvtx_ranges import Tracer, tokens_text
+from itertrace.profiler.request import PreemptKind
 from itertrace.profiler.runlog import RunLog
 from itertrace.profiler.scheduler import Scheduler, SchedulerConfig
 from itertrace.profiler.session import RunSpec, run
@@ -152,6 +153,21 @@ def test_an_arrival_at_an_iteration_start_joins_that_iteration():
     arrive = [e for e in fast[0]["events"].to_pylist() if e["request_id"] == 2 and e["kind"] == "arrive"]
     assert arrive[0]["iteration"] == 20 and arrive[0]["ts_ns"] == start
     assert fast[4] > 40
+
+
+def test_a_reservation_shrinks_as_a_row_takes_blocks_within_a_quiet_stretch():
+    """Preemption mode "reject": a is promised 6 blocks of 4 (4 + 20 tokens) and takes its 3rd and 4th at
+    iterations 5 and 9, inside a quiet stretch; b (3 blocks) arrives at iteration 11, when 6 of the 10 are
+    free and 2 promised to a. A stretch that left a's promise at 4 would reject b, which one by one admits."""
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, preemption=PreemptKind.REJECT)
+    first = [RequestSpec(0, 4, 20)]
+    start = _run(first, cfg, 10, 4, 0, None, True, fast_forward=False)[0]["iterations"]["start_ns"].to_pylist()[11]
+    args = (first + [RequestSpec(start, 4, 8)], cfg, 10, 4, 0, None, True)
+    slow, fast = _run(*args, fast_forward=False), _run(*args, fast_forward=True)
+    b = [e for e in slow[0]["events"].to_pylist() if e["request_id"] == 1 and e["kind"] in ("admit", "reject")]
+    assert [(e["iteration"], e["kind"]) for e in b] == [(11, "admit")]
+    _assert_same(slow, fast)
+    assert fast[4] >= 9  # iterations 1-9 at least ran at once
 
 
 def test_progress_is_called_at_every_thousandth_iteration_as_one_by_one():

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -16,7 +15,7 @@ from itertrace.profiler.engine import Engine
 from itertrace.profiler.kv import BlockManager, BlockPool
 from itertrace.profiler.policies import Policy, sort_key
 from itertrace.profiler.preemption import victim
-from itertrace.profiler.request import Phase, PreemptKind, Reason
+from itertrace.profiler.request import Phase, PreemptKind, Reason, Transition
 from itertrace.profiler.scheduler import Limit, Mode, Scheduler, SchedulerConfig
 from itertrace.profiler.session import RunSpec, run
 from itertrace.profiler.sim_runner import SimulatedRunner
@@ -312,12 +311,26 @@ def test_slot_time_conclusion_follows_the_figures_when_continuous_loses_throughp
 
 
 def test_cancel_frees_blocks_at_the_boundary():
-    specs = [replace(s, cancel_at_iteration=5) if i == 0 else s
-             for i, s in enumerate([RequestSpec(0, 8, 30), RequestSpec(0, 8, 30)])]
-    reqs, res = _run(Mode.CONTINUOUS, specs, capacity=2)
+    """A cancel at the boundary of iteration 5 gives the request's blocks back before that iteration runs,
+    and records why it ended; blocks still owned, or another reason, would be a leak or a false record."""
+    specs = [RequestSpec(0, 8, 30, cancel_at_iteration=5), RequestSpec(0, 8, 30)]
+    reqs, clock = build_requests(specs), SimClock()
+    blocks = BlockManager(num_blocks=64, block_size=4)
+    seen = {}  # iteration -> (owners of the device blocks, free blocks, blocks the live request holds)
+
+    def look(d, start, end):
+        seen[d.iteration] = (set(blocks.device.owners().values()), blocks.device.num_free, len(reqs[1].block_ids))
+
+    res = Engine(Scheduler(SchedulerConfig(max_num_seqs=2), blocks), SimulatedRunner(clock), clock,
+                 keep_membership=True, on_iteration=look).run(reqs)
     assert reqs[0].phase is Phase.CANCELED and len(reqs[0].output_ids) == 5
-    assert reqs[0].transitions[-1].iteration == 5 and reqs[0].request_id not in res.membership[5]
-    assert reqs[1].phase is Phase.FINISHED_LENGTH
+    assert reqs[0].stop_reason is Reason.CANCEL_REQUESTED
+    assert reqs[0].transitions[-1] == Transition(5, Phase.DECODE, Phase.CANCELED, Reason.CANCEL_REQUESTED)
+    assert seen[4][0] == {reqs[0].request_id, reqs[1].request_id}  # both held blocks up to the cancel
+    owners, free, held = seen[5]
+    assert owners == {reqs[1].request_id} and free == 64 - held
+    assert reqs[0].request_id not in res.membership[5] and not reqs[0].block_ids
+    assert reqs[1].phase is Phase.FINISHED_LENGTH and blocks.device.num_free == 64
 
 
 def test_a_handed_out_batch_changes_only_by_rows_taking_their_next_block_in_place():
@@ -412,3 +425,37 @@ def test_a_decode_resumed_from_swap_leaves_prefill_only_the_tokens_left():
     d = sched.schedule(3)
     assert [(r.request_id, n) for r, n in d.work] == [(a.request_id, 1), (b.request_id, 7)]
     assert d.batch.num_tokens_total == 8 and d.decode_tokens == 1 and d.prefill_tokens == 7
+
+
+def test_srw_admits_the_request_with_least_remaining_work_first():
+    """One slot, four requests queued at once: shortest remaining work (prompt + output tokens) goes first,
+    whatever the arrival order. Ranking longest first, or by the prompt or the output alone, changes the order."""
+    # remaining work 12, 10, 3, 9: by prompt alone the order would be c, b, a, d; by output alone d, c, a, b
+    a, b, c, d = build_requests([RequestSpec(0, 6, 6), RequestSpec(1, 2, 8), RequestSpec(2, 1, 2),
+                                 RequestSpec(3, 8, 1)])
+    sched = Scheduler(SchedulerConfig(policy=Policy.SRW, max_num_seqs=1, max_num_batched_tokens=64),
+                      BlockManager(64, 4))
+    decisions = _drive(sched, [a, b, c, d])
+    assert [r.first_scheduled_iteration for r in (c, d, b, a)] == [0, 2, 3, 11]
+    assert [_finish_iteration(r) for r in (c, d, b, a)] == [1, 2, 10, 16]
+    assert [x.admitted for x in decisions[:4]] == [1, 0, 1, 1]
+
+
+def test_transitions_are_recorded_at_the_iteration_they_happen():
+    """A 100-token prompt under a 32-token budget runs in chunks at iterations 0-3; the last chunk samples
+    the first token, so decoding starts at 3, and the fourth token (iteration 6) ends it."""
+    reqs, _ = _run(Mode.CONTINUOUS, [RequestSpec(0, 100, 4)], capacity=4, max_num_batched_tokens=32)
+    assert reqs[0].transitions == [Transition(0, Phase.WAITING, Phase.PREFILL, Reason.ADMITTED),
+                                   Transition(3, Phase.PREFILL, Phase.DECODE, Reason.PROMPT_DONE),
+                                   Transition(6, Phase.DECODE, Phase.FINISHED_LENGTH, Reason.MAX_TOKENS)]
+
+
+def test_a_prompt_arriving_among_decodes_gets_only_the_tokens_they_leave():
+    """Token budget 8, three running decodes: an 8-token prompt arriving at iteration 2 gets a chunk of 5, then
+    the 3 left. Giving it the whole prefill room (8) would run 11 tokens in an iteration of 8."""
+    reqs = build_requests([RequestSpec(0, 2, 10)] * 3 + [RequestSpec(0, 8, 4)])
+    sched = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=8), BlockManager(64, 4))
+    decisions = _drive(sched, reqs, arrivals={0: reqs[:3], 2: reqs[3:]})
+    assert all(d.batch.num_tokens_total <= 8 for d in decisions)
+    assert [(d.prefill_tokens, d.decode_tokens) for d in decisions[:5]] == [(6, 0), (0, 3), (5, 3), (3, 3), (0, 4)]
+    assert [[(r.request_id, n) for r, n in d.work if r is reqs[3]] for d in decisions[2:4]] == [[(3, 5)], [(3, 3)]]

@@ -375,3 +375,19 @@ def test_decode_batches_are_refused_as_check_refuses_them(tokens, pos, table, me
         runner.prepare(decode_batch(1, tokens, pos, same, ones=ones))
     with pytest.raises(ValueError, match=message):  # and the same from a fresh runner
         TorchRunner(SHORT, num_blocks=8, block_size=BLOCK).prepare(decode_batch(1, tokens, pos, np.array(table)))
+
+
+def test_the_seed_picks_the_token_stream() -> None:
+    """At temperature 1 over 256 equally likely tokens, 32 draws: the same seed gives the same stream under any
+    request id, another seed another stream (equal by chance with probability 256**-32). A generator that
+    ignored the seed would give every request the same stream."""
+    logits = torch.zeros(1, 256)
+
+    def stream(request_id: int, seed: int) -> list[int]:
+        sampler = Sampler()
+        params = SamplingParams(temperature=1.0, seed=seed)
+        return [sampler.sample([request_id], [params], logits)[0] for _ in range(32)]
+
+    assert stream(0, seed=1) == stream(5, seed=1)
+    assert stream(0, seed=1) != stream(0, seed=2)
+    assert len({tuple(stream(0, seed)) for seed in range(4)}) == 4
