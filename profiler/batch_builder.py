@@ -146,8 +146,9 @@ class DecodeRows:
         The block goes into the tables in place, at the -1 entry where the row's next token goes (as
         Batch allows); a row past the tables' last column makes new, wider tables instead.
         """
-        self._put_blocks(rows, self.room[rows] // self._block_size, blocks)  # the column where each goes
-        self.room[rows] += self._block_size  # room is never handed out
+        room = self.room[rows]
+        self.room[rows] = room + self._block_size  # room is never handed out
+        self._put_blocks(rows, np.floor_divide(room, self._block_size, room), blocks)  # the column where each goes
 
     def _put_blocks(self, rows: np.ndarray, column: np.ndarray, blocks: BlockManager) -> None:
         """A new block for each of `rows`, in that order, into its table at `column`."""
