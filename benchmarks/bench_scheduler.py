@@ -34,6 +34,15 @@ After grow and grow_ahead came to share _put_blocks (2026-11-30, two plain runs 
 machine): staggered 256 took 95.9 us (schedule 65.9 + prepare 29.9) in a slow spell (synchronized 256:
 57.7) and 46.1 us (31.7 + 14.4) in a quick one (synchronized 256: 28.7); 16: 39.0, 64: 39.8, 1024: 72.2.
 
+Since 2026-11-30 every case runs once per round, nine rounds in turn, and the table shows each case's
+best round with the median round beside it (three runs back to back, as before, took milliseconds and
+so met one spell only). Two plain runs of this script that day, after Batch stopped being frozen and
+growth read room once (0.96 of before at 256 staggered, median of 15 rounds alternating in one
+process): staggered 256 best 49.3 us (schedule 34.3 + prepare 15.0), median round 79.7; then best
+46.6 (31.7 + 14.9), median round 66.3. Best rounds at 16, 64 and 1024: 37.7-38.0, 38.7-39.4 and
+75.6-83.3; synchronized 256: 27.9-28.1. So the 50 us target at 256 holds in the machine's quick
+spells, by 1-3 us, and not in its slow ones.
+
 On the H200 machine (16 cores, 2026-11-30), where the runner prepares for CUDA (its uploads count, and
 the benchmark synchronizes after prepare, untimed, as the forward pass would): staggered 256 took
 57.1 and 55.6 us (prepare 35.8 and 34.8) with blocking uploads from pageable memory, and 42.9 and
