@@ -182,11 +182,7 @@ def profile(
     run_env = {**os.environ, **env} if env is not None else None
     with open(log, "w") if log else contextlib.nullcontext() as out:
         try:
-            if out is not None and echo is not None:
-                done = _run_teed(args, run_env, out, echo, timeout_s)
-            else:
-                done = subprocess.run(args, env=run_env, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                      timeout=timeout_s)
+            done = _run_nsys(args, run_env, out, echo, timeout_s)
         except subprocess.TimeoutExpired:
             raise UserError(f"nsys profile of {' '.join(command)!r} ran past {timeout_s} s")
     if not report.is_file() and qdstrm.is_file():
@@ -197,12 +193,18 @@ def profile(
     return Capture(report, done.returncode)
 
 
-def _run_teed(args: list[str], env: Mapping[str, str] | None, log: TextIO, echo: TextIO,
+def _run_nsys(args: list[str], env: Mapping[str, str] | None, log: TextIO | None, echo: TextIO | None,
               timeout_s: float | None) -> subprocess.CompletedProcess:
-    """Run `args` with stdout and stderr together, each line to `log` and, less nsys's importer noise, to `echo`."""
+    """Run `args` with stdout and stderr together, each line to `log` and, less nsys's importer noise, to
+    `echo` (without `log`, the output goes where ours does).
+
+    Interrupted, it passes a SIGTERM on to nsys, which stops the profiled command: Ctrl-C reaches nsys
+    too, but a SIGTERM (see itertrace.cli) only us, and otherwise we would wait for the command to end."""
     killed = threading.Event()
-    with subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          errors="replace", bufsize=1) as proc:
+    piped = log is not None
+    with subprocess.Popen(args, env=env, stdout=subprocess.PIPE if piped else None,
+                          stderr=subprocess.STDOUT if piped else None, text=True, errors="replace",
+                          bufsize=1) as proc:
 
         def kill() -> None:
             killed.set()
@@ -213,8 +215,10 @@ def _run_teed(args: list[str], env: Mapping[str, str] | None, log: TextIO, echo:
             timer.start()
         held = None  # nsys's "Generated:" line, shown only if the path after it is no .qdstrm
         try:
-            for line in proc.stdout:
+            for line in proc.stdout if piped else ():
                 log.write(line)
+                if echo is None:
+                    continue
                 if held is not None and not _QDSTRM_PATH.match(line):
                     echo.write(held)
                 held = line if _GENERATED.match(line) else None
@@ -222,6 +226,10 @@ def _run_teed(args: list[str], env: Mapping[str, str] | None, log: TextIO, echo:
                     echo.write(line)
                     echo.flush()
             returncode = proc.wait()
+        except BaseException:
+            if proc.poll() is None:
+                proc.terminate()
+            raise
         finally:
             if timer is not None:
                 timer.cancel()

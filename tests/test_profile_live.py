@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import duckdb
@@ -274,3 +276,33 @@ def test_traces_fit_the_machine(tmp_path):
     assert machine_traces(tmp_path) == ("nvtx", "osrt")
     (tmp_path / "nvidia0").touch()
     assert machine_traces(tmp_path) == ("nvtx", "osrt", "cuda")
+
+
+@pytest.mark.nsys
+@needs_nsys
+@pytest.mark.parametrize("quiet", [False, True])
+def test_sigterm_stops_the_profiled_command_and_leaves_nothing(tmp_path, quiet):
+    """SIGTERM reaches only itertrace (Ctrl-C reaches the whole process group): it passes it on to nsys,
+    which stops the profiled command, instead of waiting for the command to end."""
+    token = f"itertrace-sigterm-{os.getpid()}-{quiet}"  # marks the profiled process in /proc
+    target = [sys.executable, "-c", f"import pathlib, time; pathlib.Path('started').touch(); time.sleep(600)  # {token}"]
+    proc = subprocess.Popen([sys.executable, "-m", "itertrace.cli", "profile", *(["--quiet"] if quiet else []),
+                             "--out", str(tmp_path / "prof"), "--", *target], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "started").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)  # not the 600 s the command would sleep
+    assert proc.returncode == 143 and err.splitlines()[-1] == "itertrace: terminated"
+    assert not (tmp_path / "prof").exists()
+    time.sleep(1)
+    assert not any(token in _cmdline(p) for p in Path("/proc").glob("[0-9]*/cmdline"))
+
+
+def _cmdline(path: Path) -> str:
+    try:
+        return path.read_bytes().decode(errors="replace")
+    except OSError:  # the process has just ended
+        return ""
