@@ -305,9 +305,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from itertrace.profiler.calibrate import calibrate, save
 
     spec = replace(spec_from_args(args), runner="torch")
-    if args.out.is_dir() or no_folder_for(args.out):  # before the minutes calibrating takes
-        raise UserError(f"--out {args.out}: " + ("is a folder; --out names the cost-model file" if args.out.is_dir()
-                                                 else no_folder_for(args.out)))
+    if args.out.is_dir():  # these before the minutes calibrating takes
+        raise UserError(f"--out {args.out}: is a folder; --out names the cost-model file")
+    if why := no_folder_for(args.out):
+        raise UserError(f"--out {args.out}: {why}")
     cost, stats = calibrate(spec)
     save(cost, stats, spec, args.out)
     print(f"fixed {cost.fixed_ns / 1e6:.3f} ms + {cost.per_seq_ns / 1e3:.1f} us/sequence + "

@@ -178,22 +178,24 @@ def _field(rec: dict, name: str, parse: Callable[[object], int]) -> int:
 def _read_azure_csv(path: Path, limit: int | None) -> list[tuple[int, int, int]]:
     rows = []
     with path.open(newline="", encoding="utf-8-sig") as fh:  # a byte-order mark is not part of the first name
-        reader = csv.DictReader(fh)
-        header = reader.fieldnames or ()
+        reader = csv.reader(fh)
+        header = next(reader, [])
         missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(header)
         if missing:
             raise UserError(f"{path}: not an Azure LLM trace: missing column(s) {', '.join(sorted(missing))}")
-        for line, rec in enumerate(reader, start=2):
+        for fields in reader:
             if limit is not None and len(rows) >= limit:
                 break
+            if not fields:  # a blank line
+                continue
             try:
-                if None in rec or None in rec.values():  # DictReader's marks for too many and too few fields
-                    fields = len(rec) - (None in rec) + len(rec.get(None, ())) - list(rec.values()).count(None)
-                    raise _BadValue(f"{fields} fields, the header has {len(header)}")
+                if len(fields) != len(header):
+                    raise _BadValue(f"{len(fields)} fields, the header has {len(header)}")
+                rec = dict(zip(header, fields))
                 rows.append((_field(rec, "TIMESTAMP", _azure_timestamp_ns), _field(rec, "ContextTokens", _length),
                              _field(rec, "GeneratedTokens", _length)))
             except _BadValue as exc:
-                raise UserError(f"{path}:{line}: bad row: {exc}") from None
+                raise UserError(f"{path}:{reader.line_num}: bad row: {exc}") from None
     return rows
 
 
