@@ -17,8 +17,9 @@
 -- iterations up to N. A run of iterations starts at the first iteration on the track and after an
 -- idle stretch (a step without device work: nothing was runnable, so the engine waited): its first
 -- iteration has no device interval before it to hide behind, so all of its host time is exposed
--- (exposed = host), and its predicted start is its measured step start, as the wait for new work
--- would have been as long. The last iteration of a run has nothing hidden behind it (hidden(N+1) = 0).
+-- (exposed = host), and its predicted start is its measured step start: the work it waited for comes
+-- when it came, however early the run before ends. The last iteration of a run has nothing hidden
+-- behind it (hidden(N+1) = 0).
 -- With nothing hidden, every predicted time and end is the measured one, exactly.
 --
 -- What the model leaves as it was: which requests run in which iteration (the schedule), every
@@ -31,7 +32,7 @@
 -- between steps until the next arrival) is kept at its measured length, so the iterations after it
 -- start as early as the prediction lets them, before their requests arrived: on a workload that
 -- empties the engine, predicted throughput is too high by at most the savings before each such wait
--- (TPOT is not affected: no request spans one). Tokens and TPOT come from the trace alone (the
+-- (TPOT is not affected: in this engine no request spans one). Tokens and TPOT come from the trace alone (the
 -- `tokens` marks, as request_latency_trace_tokens reads them), each token at the predicted end of
 -- the iteration that sampled it.
 --
