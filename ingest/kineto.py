@@ -75,7 +75,8 @@ class KinetoLoader:
         try:
             con.execute(_stage_statements()[1], [str(events_file), source_no])
         except (duckdb.InvalidInputException, duckdb.ConversionException) as exc:
-            message = first_line(exc).replace(f'"{events_file}"', "the traceEvents array").replace(str(events_file), "")
+            message = first_line(exc).split(" Error: ", 1)[-1]
+            message = message.replace(f'in file "{events_file}"', "in traceEvents").replace(str(events_file), "traceEvents")
             raise UserError(f"{path}: not a readable trace ({message})") from None
         finally:
             events_file.unlink(missing_ok=True)

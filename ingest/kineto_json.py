@@ -68,7 +68,7 @@ def looks_like_trace(path: Path) -> str | None:
     if not text:
         return "empty file" if not start else "holds only white space"
     if text[:1] not in (b"{", b"["):
-        return f"not JSON (starts with {text[:12]!r})"
+        return f"not a JSON object or array (starts with {text[:12]!r}): not a trace"
     return None
 
 
@@ -127,7 +127,7 @@ class _Splitter:
                 self._open_array(data, at, 1)
                 return
             if first != b"{":
-                raise UserError(f"{self.path}: not JSON (starts with {data.lstrip(_BLANK)[:12]!r})")
+                raise UserError(f"{self.path}: not a JSON object or array (starts with {data.lstrip(_BLANK)[:12]!r})")
         positions, deltas = self._structure(data)
         depths = self.depth + np.cumsum(deltas, dtype=np.int64)
         opens = np.frombuffer(data, dtype=np.uint8)[positions] == ord("[")

@@ -105,7 +105,8 @@ CREATE TABLE kineto_gpu_annotations (
   external_id BIGINT
 );
 
--- Every CPU thread of every trace, with its global ids.
+-- Every CPU thread of every trace that holds events read here (annotations, marks, ops, API calls; not
+-- the tracks of categories itertrace_*, which `itertrace export perfetto` adds), with its global ids.
 CREATE TEMP TABLE _kineto_threads AS
 WITH
   gpu_pids AS (
@@ -114,7 +115,9 @@ WITH
   ),
   seen AS (
     SELECT DISTINCT source_no, pid, tid FROM _kineto_events AS e
-    WHERE ph IN ('X', 'i', 'I') AND pid IS NOT NULL AND tid IS NOT NULL
+    WHERE pid IS NOT NULL AND tid IS NOT NULL
+      AND ((ph = 'X' AND cat IN ('user_annotation', 'cpu_op', 'operator', 'cuda_runtime', 'runtime', 'cuda_driver', 'driver'))
+           OR (ph IN ('i', 'I') AND coalesce(cat, '') NOT LIKE 'itertrace%'))
       AND NOT EXISTS (SELECT 1 FROM gpu_pids AS g WHERE g.source_no = e.source_no AND g.pid = e.pid)
   ),
   named AS (
@@ -169,7 +172,7 @@ SELECT
 FROM _kineto_events AS e
 JOIN _kineto_threads AS t USING (source_no, pid, tid)
 JOIN kineto_sources AS s USING (source_no)
-WHERE (e.ph = 'X' AND e.cat = 'user_annotation') OR e.ph IN ('i', 'I');
+WHERE (e.ph = 'X' AND e.cat = 'user_annotation') OR (e.ph IN ('i', 'I') AND coalesce(e.cat, '') NOT LIKE 'itertrace%');
 
 -- Domain ids, numbered 1, 2, ... by name within each process; 0 stays the default domain.
 INSERT INTO nvtx_domains
