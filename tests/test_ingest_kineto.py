@@ -185,3 +185,34 @@ def test_correlation_from_flow_events_where_args_have_none(tmp_path):
                 pairs[label] = rows(con, """SELECT a.start_ns, g.start_ns, g.name FROM gpu_ops AS g JOIN cuda_api AS a
                                             ON a.correlation_id = g.correlation_id ORDER BY ALL""")
         assert pairs["flows"] == pairs["args"] and len(pairs["args"]) > 0, name
+
+
+# The range that is an iteration in each sample, for the generic mapping; None where a trace has no range
+# that repeats (its report can only say so).
+STEPS = {
+    "alexnet_sync": r"^\[param\|pytorch\.model\.alex_net\|0\|0\|0\|(warmup|measure)\|forward\]$",
+    "amd_mi250_rocm62": r"^ProfilerStep#\d+$",
+    "cpu_only_rank34": r"^gloo:all_reduce$",
+    "event_sync": r"^ProfilerStep#\d+$",
+    "event_sync_multi_stream": None,
+    "resnet_v100_ns_rank0": r"^## forward ##$",
+    "sampled_rank0": r"^## encoder fp8 None ##$",
+    "tiny_inference_rank1": None,
+    "trace_diff_control": r"^nccl:all_to_all$",
+}
+
+
+@pytest.mark.parametrize("trace", TRACES, ids=lambda p: p.name.removesuffix(".json.gz"))
+def test_report_on_each_sample(tmp_path, trace):
+    from itertrace.dashboards.report import build_report
+
+    db = tmp_path / "trace.duckdb"
+    ingest([trace], db)
+    pattern = STEPS[trace.name.removesuffix(".json.gz")]
+    params = {"preset": "generic", "step_pattern": pattern or "^no such range$"}
+    report = build_report([db], params=params)
+    assert report.meta.column("capture").to_pylist()[0].startswith("kineto, ")
+    if pattern is None:
+        assert report.charts() == []  # no ranges at all: nothing to chart, and the report says why
+    else:
+        assert len(report.charts()) >= 1
