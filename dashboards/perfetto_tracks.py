@@ -50,7 +50,6 @@ def host_tracks(missing: dict[str, str]) -> list[str]:
     """Process and thread names, NVTX ranges (steps with their run-log row), marks, API calls, GPU work, flows."""
     if "nvtx_ranges" in missing:
         return []
-    step_info = "SELECT NULL::BIGINT AS range_id, NULL::JSON AS info WHERE false"
     if "run_iterations" not in missing:
         step_info = """
           SELECT i.step_range_id AS range_id, json_object(
@@ -104,11 +103,13 @@ def host_tracks(missing: dict[str, str]) -> list[str]:
     return tracks
 
 
-def part_track(spans: str, parts: str, label: str, tid_base: int) -> str:
-    """A track per span source, each span a slice with its parts laid end to end inside it.
+def part_track(spans: str, parts: str, *, span_name: str, track_label: str, tid_base: int) -> str:
+    """Tracks of spans, each span a slice named `span_name` with its parts laid end to end inside it.
 
-    `spans` yields (track, pid, track_name, key, start_ns, dur_ns, args) and `parts` yields (track, key, name,
-    dur_ns, ord): the parts of a span add up to it (host_gaps_parts' do; gpu_idle_parts' can go the same way).
+    `spans` yields (track, pid, track_name, key, start_ns, dur_ns, args), a track per thread named
+    `track_label: track_name`, and `parts` yields (track, key, name, dur_ns, ord): a span's parts add up
+    to it, as host_gaps_parts' do (gap_tracks). GPU idle time split by host activity (gpu_idle_parts) fits
+    the same shape: a track per GPU, a span per idle interval.
     """
     return f"""
         WITH spans AS ({spans}),
@@ -116,10 +117,9 @@ def part_track(spans: str, parts: str, label: str, tid_base: int) -> str:
             SELECT *, sum(dur_ns) OVER (PARTITION BY track, key ORDER BY ord ROWS UNBOUNDED PRECEDING) - dur_ns AS offset_ns
             FROM ({parts}) WHERE dur_ns > 0),
           tracks AS (SELECT DISTINCT track, pid, track_name FROM spans)
-        SELECT _pf_meta('thread_name', pid, {tid_base} + track, '{label}: ' || track_name) FROM tracks
+        SELECT _pf_meta('thread_name', pid, {tid_base} + track, '{track_label}: ' || track_name) FROM tracks
         UNION ALL
-        SELECT _pf_span('itertrace_gap', '{label[:-1] if label.endswith('s') else label}', pid, {tid_base} + track,
-                        start_ns, dur_ns, args)
+        SELECT _pf_span('itertrace_gap', '{span_name}', pid, {tid_base} + track, start_ns, dur_ns, args)
         FROM spans
         UNION ALL
         SELECT _pf_span('itertrace_gap', p.name, s.pid, {tid_base} + s.track, s.start_ns + p.offset_ns, p.dur_ns,
@@ -141,7 +141,7 @@ def gap_tracks(missing: dict[str, str]) -> list[str]:
         SELECT dense_rank() OVER (ORDER BY global_tid) AS track, iteration AS key, phase AS name, dur_ns,
                row_number() OVER (PARTITION BY global_tid, iteration ORDER BY phase = 'unattributed', phase) AS ord
         FROM host_gaps_parts"""
-    return [part_track(spans, parts, "host gaps", GAP_TID)]
+    return [part_track(spans, parts, span_name="host gap", track_label="host gaps", tid_base=GAP_TID)]
 
 
 def request_tracks(missing: dict[str, str]) -> list[str]:

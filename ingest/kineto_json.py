@@ -36,8 +36,10 @@ MAX_META_BYTES = 64 << 20  # the top-level keys besides traceEvents are metadata
 GZIP_MAGIC = b"\x1f\x8b"
 _ESCAPE = re.compile(rb"\\.", re.DOTALL)  # a backslash and the character it escapes
 _KEY = re.compile(rb'"traceEvents"\s*:\s*$')
+_KEY_PREFIX = re.compile(rb',?\s*"traceEvents"\s*:\s*$')
 _TOKENS_ONLY = bytes(c for c in range(256) if c not in b'"[]{}')  # what translate deletes
-_QUOTE, _BACKSLASH = 0x22, 0x5C
+_QUOTE = 0x22
+_BLANK = b"\xef\xbb\xbf \t\r\n"  # white space, and a UTF-8 byte-order mark
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ def looks_like_trace(path: Path) -> str | None:
             start = source.read(4096)
     except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
         return f"truncated or corrupt gzip data ({exc})"
-    text = start.lstrip(b"\xef\xbb\xbf \t\r\n")
+    text = start.lstrip(_BLANK)
     if not text:
         return "empty file" if not start else "holds only white space"
     if text[:1] not in (b"{", b"["):
@@ -241,9 +243,6 @@ class _Splitter:
             raise UserError(f"{self.path}: two traceEvents arrays")
         return meta
 
-
-_BLANK = b"\xef\xbb\xbf \t\r\n"  # white space, and a UTF-8 byte-order mark
-_KEY_PREFIX = re.compile(rb',?\s*"traceEvents"\s*:\s*$')
 
 
 def _why(exc: Exception) -> str:
