@@ -132,7 +132,8 @@ def test_run_log_alone(tmp_path):
 def test_nsys_samples_round_trip(sample_dbs, tmp_path):
     """The worked example's live torch runs, captured by nsys (sample_traces/): ranges and marks come back."""
     for mode, db in sample_dbs.items():
-        back, document = round_trip(db, tmp_path / mode if (tmp_path / mode).mkdir() is None else tmp_path)
+        (tmp_path / mode).mkdir()
+        back, _ = round_trip(db, tmp_path / mode)
         for sql in (RANGES, MARKS):
             assert rows(back, sql) == rows(db, sql), mode
 
