@@ -249,6 +249,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     meta = json.loads((target / "run.json").read_text())
+    if args.torch_profile is not None:
+        print(f"itertrace: torch.profiler trace: {args.torch_profile / 'trace.json.gz'}", file=sys.stderr)
     if args.format == "json":
         print(json.dumps({"run_dir": str(target), **meta["summary"]}, indent=2))
     else:
