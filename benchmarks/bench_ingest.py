@@ -163,4 +163,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if "--kineto" in sys.argv[1:]:  # PyTorch profiler traces instead: bench_kineto.py
+        sys.path.insert(0, str(Path(__file__).parent))
+        from bench_kineto import main as kineto
+        kineto([arg for arg in sys.argv[1:] if arg != "--kineto"])
+    else:
+        main()

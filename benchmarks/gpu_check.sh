@@ -5,6 +5,9 @@
 #   - the torch tests, which run on CUDA when it is present, and tests/test_cuda.py (CPU and CUDA
 #     runners batch for batch);
 #   - `itertrace run --runner torch --device cuda`, and the slot-time experiment on CUDA;
+#   - the same run under `--torch-profile` (torch.profiler with CUDA activity: CUPTI), its trace ingested
+#     with its run log, then the iterations' device intervals, the host gaps by phase and the GPU work per
+#     stream on the engine's own kernels; the trace and the database are left in $OUT/torch-profile/;
 #   - benchmarks/bench_queries.py, bench_scheduler.py and bench_simulated.py on that machine's cores.
 # The machine has no network and no nsys: it needs the duckdb and nvtx wheels for its Python in .whl/
 # (pip download --only-binary=:all: --python-version 3.12 ... duckdb==2.0.1 nvtx==0.2.11) and the
@@ -44,6 +47,20 @@ TAIL=40 stage tests 200 python3 -m pytest -q -p no:cacheprovider -rs \
 stage run 60 itertrace run --runner torch --device cuda --workload synthetic --num-requests 64 \
   --output-len uniform:16:128 --capacity 16 --out /tmp/gpu-run
 [[ -f /tmp/gpu-run/run.json ]] && python3 -c "import json; m = json.load(open('/tmp/gpu-run/run.json')); print({k: m[k] for k in ('runner', 'device', 'device_name', 'clock_source')})"
+PROF=$LOGS/torch-profile
+rm -rf "$PROF" /tmp/gpu-prof-run && mkdir -p "$PROF"
+stage torch_profile 90 itertrace run --runner torch --device cuda --workload synthetic --num-requests 32 \
+  --output-len uniform:16:64 --capacity 16 --out /tmp/gpu-prof-run --torch-profile "$PROF/torch"
+if [[ -f $PROF/torch/trace.json.gz ]]; then
+  stage torch_profile_ingest 60 itertrace ingest /tmp/gpu-prof-run "$PROF/torch/trace.json.gz" --db "$PROF/trace.duckdb"
+  stage torch_profile_queries 60 bash -c "
+    itertrace sql --db '$PROF/trace.duckdb' \"SELECT device_source, count(*) AS iterations, median(device_dur_ns) AS device_ns,
+      median(launch_latency_ns) AS launch_ns, sum(gpu_op_count) AS gpu_ops FROM iterations GROUP BY ALL\" &&
+    itertrace query host_gaps_by_phase --db '$PROF/trace.duckdb' &&
+    itertrace sql --db '$PROF/trace.duckdb' \"SELECT device_id, stream_id, kind, count(*) AS ops, sum(dur_ns) AS busy_ns,
+      count(correlation_id) AS correlated FROM gpu_ops GROUP BY ALL ORDER BY ALL\" &&
+    { itertrace query gpu_time --db '$PROF/trace.duckdb' 2>/dev/null || echo '(no gpu_time query in this build)'; }"
+fi
 stage bench_queries 200 python3 benchmarks/bench_queries.py --repeat 2 --capture .gpu/worked-example-continuous.arrow
 stage slot_time 150 itertrace experiment slot-time --runner torch --device cuda
 stage bench_scheduler 45 python3 benchmarks/bench_scheduler.py

@@ -10,7 +10,10 @@ from itertrace.errors import UserError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the `report` subcommand."""
+    """Add the `report` subcommand (and `export`, from perfetto_cli)."""
+    from itertrace.dashboards import perfetto_cli
+
+    perfetto_cli.register(subparsers)
     parser = subparsers.add_parser(
         "report",
         help="write one self-contained HTML page of a run's (or several runs') charts and tables",

@@ -103,8 +103,10 @@ def _meta_table(runs: list[RunData]) -> pa.Table:
         row = {"run": r.label,
                "times": ("SIMULATED: cost model" if meta.get("simulated") else "measured") if r.meta else "no run log"}
         row.update({k: meta.get(k) for k in _META_FIELDS})
-        row["nsys capture"] = (f"nsys {r.capture.get('nsys_version')}, {r.iterations_in_trace:,} iterations"
-                               if r.capture and r.has_trace else "yes, no iterations" if r.capture else "none")
+        tool = (f"nsys {r.capture.get('nsys_version')}" if r.capture.get("nsys_version") else r.capture.get("source_kind")
+                ) if r.capture else None
+        row["capture"] = (f"{tool}, {r.iterations_in_trace:,} iterations" if r.capture and r.has_trace
+                          else f"{tool}, no iterations" if r.capture else "none")
         row["run name"] = meta.get("run_name")
         row["database"] = str(r.path)
         rows.append(row)

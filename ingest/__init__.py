@@ -12,6 +12,7 @@ from itertrace.lazy import lazy_exports
 # Where each public name lives: imported on first use (itertrace.lazy).
 _HOMES = {
     "IngestOptions": "api", "IngestResult": "api", "default_loaders": "api", "ingest": "api",
+    "KinetoLoader": "kineto",
     "LoadContext": "loader", "Loader": "loader",
     "normalized_tables": "normalize",
     "RAW_SCHEMA": "nsys_loader", "NsysLoader": "nsys_loader", "SourceKind": "nsys_loader",

@@ -18,6 +18,7 @@ import duckdb
 
 from itertrace.errors import UserError, no_folder_for
 from itertrace.ingest.arrow_io import first_line
+from itertrace.ingest.kineto import KinetoLoader
 from itertrace.ingest.loader import LoadContext, Loader
 from itertrace.ingest.nsys_loader import NsysLoader
 from itertrace.ingest.progress import Progress
@@ -57,7 +58,7 @@ def default_loaders(nsys_executable: str | Path | None = None) -> list[Loader]:
 
     A run directory holds Parquet files as a parquetdir export does, so its loader goes first.
     """
-    return [RunDirLoader(), NsysLoader(nsys_executable)]
+    return [RunDirLoader(), NsysLoader(nsys_executable), KinetoLoader()]
 
 
 def ingest(

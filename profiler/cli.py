@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -41,6 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=at_least(1), help="trace files: read at most this many requests")
     p.add_argument("--time-scale", type=_scale, help="trace files: divide arrival times by this (default 1)")
     p.add_argument("--out", type=Path, help="run directory to create (default: runs/<time>)")
+    p.add_argument("--torch-profile", type=Path, metavar="DIR",
+                   help="torch runner: also record the run with torch.profiler, its trace written to DIR/trace.json.gz")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.set_defaults(func=cmd_run)
 
@@ -237,18 +240,37 @@ def cmd_run(args: argparse.Namespace) -> int:
     _fill_workload_flags(args)
     specs = _workload(args)
     reqs = wl.build_requests(specs, seed=args.seed)
+    profiling = _torch_profile(args, spec)
     target, tmp = _fresh_dir(args.out)
     try:
-        run(spec, reqs, run_dir=tmp, workload=_workload_params(args), progress=_Progress(len(reqs)))
+        with profiling as tracer:
+            run(spec, reqs, run_dir=tmp, workload=_workload_params(args), progress=_Progress(len(reqs)), tracer=tracer)
         _publish(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     meta = json.loads((target / "run.json").read_text())
+    if args.torch_profile is not None:
+        print(f"itertrace: torch.profiler trace: {args.torch_profile / 'trace.json.gz'}", file=sys.stderr)
     if args.format == "json":
         print(json.dumps({"run_dir": str(target), **meta["summary"]}, indent=2))
     else:
         print(format_summary(meta["summary"], spec.runner, str(target)))
     return 0
+
+
+def _torch_profile(args: argparse.Namespace, spec: RunSpec):
+    """The context a run goes in: torch.profiler's for --torch-profile DIR (the tracer it yields), else none."""
+    if args.torch_profile is None:
+        return contextlib.nullcontext()
+    if spec.runner != "torch":
+        raise UserError("--torch-profile needs --runner torch: a simulated run's times come from a cost model")
+    folder = args.torch_profile.resolve()
+    if args.out is not None and (args.out.resolve() == folder or args.out.resolve() in folder.parents):
+        raise UserError(f"--torch-profile {args.torch_profile}: inside the run directory; give a folder outside it")
+    from itertrace.profiler.torch_profile import check_folder, profiled
+
+    check_folder(args.torch_profile)
+    return profiled(args.torch_profile, spec.model.device)
 
 
 # What each experiment sets itself, as the seed describes it: a value given for these would not be used.

@@ -85,11 +85,11 @@ def make_runner(spec: RunSpec):
 
 def run(spec: RunSpec, requests: list[Request], *, run_dir: Path | None = None, workload: str | dict = "",
         keep_membership: bool = False, keep_tokens: bool = False, progress=None, on_iteration=None,
-        runner_and_clock=None, fast_forward: bool = True) -> RunResult:
-    """Run `requests` under `spec`; with `run_dir`, write the run logs there."""
+        runner_and_clock=None, fast_forward: bool = True, tracer=None) -> RunResult:
+    """Run `requests` under `spec`; with `run_dir`, write the run logs there; `tracer` replaces the NVTX tracer."""
     clock, runner = runner_and_clock or make_runner(spec)
     engine = _engine(spec, clock, runner, run_dir, keep_membership=keep_membership, keep_tokens=keep_tokens,
-                     progress=progress, on_iteration=on_iteration, fast_forward=fast_forward)
+                     progress=progress, on_iteration=on_iteration, fast_forward=fast_forward, tracer=tracer)
     try:
         result = engine.run(requests)  # itself without full collections
         with no_full_collections():  # nor in the close: its last row groups are many new objects

@@ -1,0 +1,333 @@
+-- PyTorch profiler (Kineto) traces into the normalized tables (created from their own files) and into
+-- tables of their own, from the staged events of every trace file (kineto_stage.sql).
+--
+-- Ids. A trace file is a source (kineto_sources.source_no, 1, 2, ... in the order given). Threads and
+-- processes get nsys's layout of global ids with the source in the top 16 bits:
+-- global_tid = source_no << 48 | pid << 24 | tid (pid and tid of 24 bits, as on Linux), so ranks
+-- never share a thread or a process. GPU work belongs to the process whose runtime call launched it
+-- (the same correlation id in the same file).
+
+-- One row per trace file.
+CREATE TABLE kineto_sources (
+  -- The file's number in this database, 1, 2, ... in the order given to the ingest: bits 48 and up of every global_pid and global_tid from it.
+  source_no INTEGER,
+  -- The trace file, as an absolute path.
+  source VARCHAR,
+  -- Distributed rank of the traced process (distributedInfo.rank); NULL when the trace does not say.
+  rank BIGINT,
+  -- Number of ranks of the job (distributedInfo.world_size).
+  world_size BIGINT,
+  -- Collective backend, e.g. 'nccl' or 'gloo' (distributedInfo.backend).
+  backend VARCHAR,
+  -- The profiler's trace schema version (schemaVersion).
+  schema_version VARCHAR,
+  -- The unit the trace asks viewers to show ('ns' or 'ms'); ts and dur are microseconds either way.
+  display_time_unit VARCHAR,
+  -- baseTimeNanoseconds: the Unix time in ns that the file's timestamps count from; NULL in older traces, whose timestamps are Unix time in microseconds.
+  base_time_ns BIGINT,
+  -- What was added to this file's times so that every source counts from one instant (capture_meta.session_start_utc_ns); 0 for a single file.
+  time_shift_ns BIGINT,
+  -- NVTX domain given to the file's annotation ranges and marks that name none (its top-level itertrace.domain, as `itertrace run --torch-profile` writes it); NULL for the default domain.
+  range_domain VARCHAR,
+  -- Names of the annotation ranges that stand for NVTX marks (its top-level itertrace.marks; a range named NAME or 'NAME ...'): they are in nvtx_marks, not nvtx_ranges.
+  mark_names VARCHAR[],
+  -- Events in the file's traceEvents array.
+  events BIGINT,
+  -- Events per category (cat), as JSON, e.g. {"kernel": 4350, "cuda_runtime": 15329}.
+  events_by_cat JSON,
+  -- distributedInfo as JSON.
+  distributed_info JSON,
+  -- Every other top-level key (deviceProperties aside) as one JSON object: trace name, host, job labels, the profiler's log lines.
+  metadata JSON
+);
+
+-- The GPUs of each trace (deviceProperties): one row per device.
+CREATE TABLE kineto_devices (
+  -- The trace file (kineto_sources.source_no).
+  source_no INTEGER,
+  -- Device id, as gpu_ops.device_id holds it.
+  device_id BIGINT,
+  -- Device name, e.g. 'NVIDIA A100-PG509-200'.
+  name VARCHAR,
+  -- Device memory in bytes (totalGlobalMem).
+  total_memory_bytes BIGINT,
+  -- Compute capability, e.g. '8.0' (computeMajor.computeMinor).
+  compute_capability VARCHAR,
+  -- Streaming multiprocessors (numSms).
+  sm_count BIGINT,
+  -- Every property the trace gives, as JSON.
+  properties JSON
+);
+
+-- Operators the profiler recorded on the host (cat cpu_op: aten::mm, autograd nodes, ...): one row per op.
+CREATE TABLE kineto_cpu_ops (
+  -- Id of the op in this database: its position by start_ns, then global_tid, then longest first.
+  op_id BIGINT,
+  -- Start, in ns (the same clock as nvtx_ranges).
+  start_ns BIGINT,
+  -- End, in ns.
+  end_ns BIGINT,
+  -- end_ns - start_ns.
+  dur_ns BIGINT,
+  -- Operator name, e.g. 'aten::addmm'.
+  name VARCHAR,
+  -- The thread that ran it (threads.global_tid).
+  global_tid BIGINT,
+  -- Its process (processes.global_pid).
+  global_pid BIGINT,
+  -- Operating-system process id.
+  pid BIGINT,
+  -- Operating-system thread id.
+  tid BIGINT,
+  -- The profiler's External id: the runtime calls the op made carry the same one.
+  external_id BIGINT,
+  -- The event's args as the trace gives them (Input Dims, Input type, Sequence number, ...), as JSON.
+  args JSON
+);
+
+-- Annotation ranges as the profiler projected them onto GPU streams (cat gpu_user_annotation): one row per range.
+CREATE TABLE kineto_gpu_annotations (
+  -- Start on the GPU, in ns.
+  start_ns BIGINT,
+  -- End on the GPU, in ns.
+  end_ns BIGINT,
+  -- end_ns - start_ns.
+  dur_ns BIGINT,
+  -- The range's name (the host range's, nvtx_ranges.text).
+  name VARCHAR,
+  -- The trace file (kineto_sources.source_no).
+  source_no INTEGER,
+  -- Device id.
+  device_id BIGINT,
+  -- Stream id.
+  stream_id BIGINT,
+  -- The profiler's External id, shared with the host range it projects.
+  external_id BIGINT
+);
+
+-- Every CPU thread of every trace that holds events read here (annotations, marks, ops, API calls; not
+-- the tracks of categories itertrace_*, which `itertrace export perfetto` adds), with its global ids.
+CREATE TEMP TABLE _kineto_threads AS
+WITH
+  gpu_pids AS (
+    SELECT DISTINCT source_no, pid FROM _kineto_events
+    WHERE cat IN ('kernel', 'gpu_memcpy', 'memcpy', 'gpu_memset', 'memset', 'gpu_user_annotation', 'cuda_sync')
+  ),
+  seen AS (
+    SELECT DISTINCT source_no, pid, tid FROM _kineto_events AS e
+    WHERE pid IS NOT NULL AND tid IS NOT NULL
+      AND ((ph = 'X' AND cat IN ('user_annotation', 'cpu_op', 'operator', 'cuda_runtime', 'runtime', 'cuda_driver', 'driver'))
+           OR (ph IN ('i', 'I') AND coalesce(cat, '') NOT LIKE 'itertrace%'))
+      AND NOT EXISTS (SELECT 1 FROM gpu_pids AS g WHERE g.source_no = e.source_no AND g.pid = e.pid)
+  ),
+  named AS (
+    SELECT source_no, pid, tid, arg_max(arg_name, rowid) AS name
+    FROM _kineto_events
+    WHERE ph = 'M' AND name = 'thread_name' AND pid IS NOT NULL AND tid IS NOT NULL
+    GROUP BY ALL
+  )
+SELECT
+  s.source_no,
+  s.pid,
+  s.tid,
+  (s.source_no::BIGINT << 48) | ((s.pid & 16777215) << 24) AS global_pid,
+  (s.source_no::BIGINT << 48) | ((s.pid & 16777215) << 24) | (s.tid & 16777215) AS global_tid,
+  n.name
+FROM seen AS s
+LEFT JOIN named AS n USING (source_no, pid, tid);
+
+INSERT INTO threads
+SELECT global_tid, global_pid, pid, tid, name FROM _kineto_threads ORDER BY global_tid;
+
+INSERT INTO processes
+WITH
+  named AS (
+    SELECT source_no, pid, arg_max(arg_name, rowid) AS name
+    FROM _kineto_events
+    WHERE ph = 'M' AND name = 'process_name' AND pid IS NOT NULL
+    GROUP BY ALL
+  )
+SELECT t.global_pid, t.pid, any_value(n.name), count(*)
+FROM _kineto_threads AS t
+LEFT JOIN named AS n USING (source_no, pid)
+GROUP BY t.global_pid, t.pid
+ORDER BY t.global_pid;
+
+-- Annotation ranges and marks on CPU threads, with their domain: the event's own (args.domain, as
+-- `itertrace export perfetto` writes it), else its file's (kineto_sources.range_domain).
+CREATE TEMP TABLE _kineto_annotations AS
+SELECT
+  e.rowid AS _row,
+  e.ph IN ('i', 'I') OR list_contains(s.mark_names, split_part(e.name, ' ', 1)) AS is_mark,
+  t.global_tid,
+  t.global_pid,
+  e.pid,
+  e.tid,
+  t.name AS thread_name,
+  e.ts_ns AS start_ns,
+  e.ts_ns + coalesce(e.dur_ns, 0) AS end_ns,
+  e.name AS text,
+  coalesce(e.domain, s.range_domain) AS domain_name,
+  e.int64_value
+FROM _kineto_events AS e
+JOIN _kineto_threads AS t USING (source_no, pid, tid)
+JOIN kineto_sources AS s USING (source_no)
+WHERE (e.ph = 'X' AND e.cat = 'user_annotation') OR (e.ph IN ('i', 'I') AND coalesce(e.cat, '') NOT LIKE 'itertrace%');
+
+-- Domain ids, numbered 1, 2, ... by name within each process; 0 stays the default domain.
+INSERT INTO nvtx_domains
+SELECT global_pid, row_number() OVER (PARTITION BY global_pid ORDER BY domain_name), domain_name
+FROM (SELECT DISTINCT global_pid, domain_name FROM _kineto_annotations WHERE domain_name IS NOT NULL)
+ORDER BY ALL;
+
+INSERT INTO nvtx_ranges
+WITH
+  ranges AS (
+    SELECT *, row_number() OVER (ORDER BY start_ns, global_tid, end_ns DESC, _row) AS range_id
+    FROM _kineto_annotations
+    WHERE NOT is_mark
+  ),
+  edges AS (
+    -- +1 where a range opens, -1 where it closes, in the order a stack sees them: at one instant,
+    -- closes first (ranges that touch are siblings), then opens by range_id (the longer first), and a
+    -- range of no length closes after every open at its instant.
+    SELECT range_id, global_tid, start_ns AS ts, 1 AS phase, 1 AS delta FROM ranges
+    UNION ALL
+    SELECT range_id, global_tid, end_ns, CASE WHEN end_ns > start_ns THEN 0 ELSE 2 END, -1 FROM ranges
+  ),
+  levels AS (
+    -- Ranges open on the thread just before each edge: at an opening edge, the new range's depth.
+    SELECT range_id, delta,
+           sum(delta) OVER (PARTITION BY global_tid ORDER BY ts, phase, range_id ROWS UNBOUNDED PRECEDING) - delta
+             AS open_before
+    FROM edges
+  ),
+  depths AS (
+    SELECT r.range_id, r.global_tid, r.end_ns, l.open_before::INTEGER AS depth
+    FROM ranges AS r
+    JOIN levels AS l ON l.range_id = r.range_id AND l.delta = 1
+  ),
+  parents AS (
+    -- The parent: the range opened last before this one on its thread, one level up, kept where it
+    -- encloses this one (it does wherever the thread's ranges nest).
+    SELECT c.range_id, c.depth, CASE WHEN p.end_ns >= c.end_ns THEN p.range_id END AS parent_range_id
+    FROM depths AS c
+    ASOF LEFT JOIN depths AS p ON p.global_tid = c.global_tid AND p.depth = c.depth - 1 AND c.range_id > p.range_id
+  )
+SELECT
+  r.range_id, 'push_pop', r.start_ns, r.end_ns, r.end_ns - r.start_ns, r.text,
+  coalesce(d.domain_id, 0), r.domain_name, NULL, NULL, NULL,
+  r.global_tid, r.global_pid, r.pid, r.tid, r.thread_name, NULL,
+  r.int64_value, NULL, NULL, NULL, NULL, NULL, NULL,
+  p.parent_range_id, p.depth
+FROM ranges AS r
+JOIN parents AS p USING (range_id)
+LEFT JOIN nvtx_domains AS d ON d.global_pid = r.global_pid AND d.name = r.domain_name
+ORDER BY r.range_id;
+
+INSERT INTO nvtx_marks
+SELECT
+  row_number() OVER (ORDER BY m.start_ns, m.global_tid, m._row), m.start_ns, m.text,
+  coalesce(d.domain_id, 0), m.domain_name, NULL, NULL, NULL,
+  m.global_tid, m.global_pid, m.pid, m.tid, m.thread_name,
+  m.int64_value, NULL, NULL, NULL, NULL, NULL, NULL
+FROM _kineto_annotations AS m
+LEFT JOIN nvtx_domains AS d ON d.global_pid = m.global_pid AND d.name = m.domain_name
+WHERE m.is_mark
+ORDER BY 1;
+
+INSERT INTO cuda_api
+SELECT
+  row_number() OVER (ORDER BY e.ts_ns, t.global_tid, e.correlation_id, e.rowid),
+  e.ts_ns, e.ts_ns + e.dur_ns, e.dur_ns, e.name,
+  CASE WHEN e.cat IN ('cuda_driver', 'driver') THEN 1 ELSE 0 END,
+  CASE WHEN e.cat IN ('cuda_driver', 'driver') THEN 'CUDA driver' ELSE 'CUDA runtime' END,
+  t.global_tid, t.global_pid, e.pid, e.tid, e.correlation_id, NULL
+FROM _kineto_events AS e
+JOIN _kineto_threads AS t USING (source_no, pid, tid)
+WHERE e.ph = 'X' AND e.cat IN ('cuda_runtime', 'runtime', 'cuda_driver', 'driver')
+ORDER BY 1;
+
+INSERT INTO gpu_ops
+WITH
+  launchers AS (
+    -- The process of the runtime call of each correlation id, per file.
+    SELECT t.source_no, e.correlation_id, min(t.global_pid) AS global_pid, min(e.pid) AS pid
+    FROM _kineto_events AS e
+    JOIN _kineto_threads AS t USING (source_no, pid, tid)
+    WHERE e.ph = 'X' AND e.cat IN ('cuda_runtime', 'runtime', 'cuda_driver', 'driver') AND e.correlation_id IS NOT NULL
+    GROUP BY ALL
+  ),
+  only_process AS (
+    -- A file's process where it has only one: the launcher of GPU work no runtime call claims.
+    SELECT source_no, min(global_pid) AS global_pid, min(pid) AS pid
+    FROM _kineto_threads GROUP BY source_no HAVING count(DISTINCT global_pid) = 1
+  ),
+  ops AS (
+    SELECT
+      e.rowid AS _row,
+      CASE WHEN e.cat = 'kernel' THEN 'kernel' WHEN e.cat LIKE '%memcpy' THEN 'memcpy' ELSE 'memset' END AS kind,
+      e.ts_ns, e.dur_ns, e.name, coalesce(e.device_id, e.pid) AS device_id, e.context_id,
+      coalesce(e.stream_id, e.tid) AS stream_id, e.correlation_id, e.bytes,
+      coalesce(l.global_pid, o.global_pid) AS global_pid, coalesce(l.pid, o.pid) AS launch_pid
+    FROM _kineto_events AS e
+    LEFT JOIN launchers AS l USING (source_no, correlation_id)
+    LEFT JOIN only_process AS o USING (source_no)
+    WHERE e.ph = 'X' AND e.cat IN ('kernel', 'gpu_memcpy', 'memcpy', 'gpu_memset', 'memset')
+  )
+SELECT
+  row_number() OVER (ORDER BY ts_ns, kind, device_id, stream_id, correlation_id, _row),
+  kind, ts_ns, ts_ns + dur_ns, dur_ns, name, NULL, device_id, context_id, stream_id, correlation_id,
+  global_pid, launch_pid, bytes,
+  CASE WHEN kind = 'memcpy' THEN  -- Kineto names a copy e.g. 'Memcpy HtoD (Pageable -> Device)'
+    CASE regexp_extract(name, '\b([HDP]to[HDP])\b', 1)
+      WHEN 'HtoD' THEN 'Host-to-Device' WHEN 'DtoH' THEN 'Device-to-Host' WHEN 'DtoD' THEN 'Device-to-Device'
+      WHEN 'HtoH' THEN 'Host-to-Host' WHEN 'PtoP' THEN 'Peer-to-Peer' END
+  END,
+  NULL
+FROM ops
+ORDER BY 1;
+
+INSERT INTO nvtx_gpu_projection
+WITH
+  launches AS (
+    -- Each runtime call that launched GPU work: the span and number of that work.
+    SELECT a.global_tid, a.start_ns, a.end_ns, min(g.start_ns) AS gpu_start_ns, max(g.end_ns) AS gpu_end_ns,
+           count(*) AS gpu_ops
+    FROM cuda_api AS a
+    JOIN gpu_ops AS g ON g.correlation_id = a.correlation_id AND g.global_pid = a.global_pid
+    GROUP BY a.api_id, a.global_tid, a.start_ns, a.end_ns
+  ),
+  -- (thread, time) as one HUGEINT, so that "on the range's thread, inside the range" is a pair of
+  -- inequalities: a sort-based IEJoin, not a comparison of every pair on a thread.
+  range_keys AS (
+    SELECT range_id, (global_tid::HUGEINT << 64) + start_ns AS lo, (global_tid::HUGEINT << 64) + end_ns AS hi
+    FROM nvtx_ranges
+  ),
+  launch_keys AS (
+    SELECT gpu_start_ns, gpu_end_ns, gpu_ops,
+           (global_tid::HUGEINT << 64) + start_ns AS lo, (global_tid::HUGEINT << 64) + end_ns AS hi
+    FROM launches
+  )
+SELECT r.range_id, min(l.gpu_start_ns), max(l.gpu_end_ns), max(l.gpu_end_ns) - min(l.gpu_start_ns),
+       sum(l.gpu_ops), count(*)
+FROM range_keys AS r
+JOIN launch_keys AS l ON l.lo >= r.lo AND l.hi <= r.hi
+GROUP BY r.range_id
+ORDER BY r.range_id;
+
+INSERT INTO kineto_cpu_ops
+SELECT
+  row_number() OVER (ORDER BY e.ts_ns, t.global_tid, e.dur_ns DESC, e.rowid),
+  e.ts_ns, e.ts_ns + e.dur_ns, e.dur_ns, e.name, t.global_tid, t.global_pid, e.pid, e.tid,
+  coalesce(e.external_id, try_cast(e.args ->> '$."External id"' AS BIGINT)), e.args
+FROM _kineto_events AS e
+JOIN _kineto_threads AS t USING (source_no, pid, tid)
+WHERE e.ph = 'X' AND e.cat IN ('cpu_op', 'operator')
+ORDER BY 1;
+
+INSERT INTO kineto_gpu_annotations
+SELECT ts_ns, ts_ns + dur_ns, dur_ns, name, source_no, coalesce(device_id, pid), coalesce(stream_id, tid), external_id
+FROM _kineto_events
+WHERE ph = 'X' AND cat = 'gpu_user_annotation'
+ORDER BY ts_ns, source_no, rowid;
