@@ -4,8 +4,8 @@
 -- pattern (and domain) of the mapping, on any thread of the process, a leaf being one that holds
 -- no other such range (host_gaps.sql's rule, so the same range is a phase in both). CUDA API calls:
 -- the runtime and driver calls of the process's launching threads (the threads whose calls launched
--- GPU work), each clipped to the part that no earlier call on its thread already covers, so that a
--- driver call inside a runtime call counts as the runtime call. On one thread each kind is disjoint.
+-- GPU work), each clipped to the part that no earlier call on its thread already covers (by start,
+-- longest first, then api_id), so that a driver call inside a runtime call counts as the runtime call. On one thread each kind is disjoint.
 -- At an instant where several are in flight, one wins: an NVTX leaf over any API call, and among
 -- threads, the one that launched the most GPU work (then the lower global_tid). Threads are ranked
 -- per process and per kind; each rank is a bit, so at most 63 threads with leaves and 63 launching
@@ -39,6 +39,7 @@ WITH
     FROM names
   )
 SELECT
+  a.api_id,
   a.global_pid,
   a.global_tid,
   a.start_ns,
@@ -110,7 +111,7 @@ WITH
     WHERE (next_start_ns IS NULL OR next_start_ns >= end_ns) AND end_ns > start_ns
   ),
   calls AS (
-    SELECT c.*, max(c.end_ns) OVER (PARTITION BY c.global_tid ORDER BY c.start_ns, c.end_ns DESC
+    SELECT c.*, max(c.end_ns) OVER (PARTITION BY c.global_tid ORDER BY c.start_ns, c.end_ns DESC, c.api_id
                                     ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS covered_until_ns
     FROM _host_activity_calls AS c
     SEMI JOIN _host_activity_ranks AS k ON k.global_tid = c.global_tid AND k.level = 'cuda'

@@ -94,10 +94,11 @@ def leaves(ranges: list[tuple[int, int, int, str]]) -> list[tuple[int, int, int,
     return [r for i, r in enumerate(ranges) if not any(inside(k, i) for k in range(len(ranges)))]
 
 
-def clipped_calls(calls: list[tuple[int, int, int, str]]) -> list[tuple[int, int, int, str]]:
-    """(tid, start, end, name) calls cut to what earlier calls on their thread leave uncovered."""
+def clipped_calls(calls: list[tuple[int, int, int, str, int]]) -> list[tuple[int, int, int, str]]:
+    """(tid, start, end, name, api_id) calls cut to what earlier calls on their thread (by start, longest
+    first, then api_id) leave uncovered, as (tid, start, end, name)."""
     out, covered = [], {}
-    for tid, start, end, name in sorted(calls, key=lambda c: (c[0], c[1], -c[2])):
+    for tid, start, end, name, _ in sorted(calls, key=lambda c: (c[0], c[1], -c[2], c[4])):
         begin = max(start, covered.get(tid, start))
         if end > begin:
             out.append((tid, begin, end, name))
