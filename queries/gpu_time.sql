@@ -126,16 +126,17 @@ WHERE s.end_ns > s.start_ns;
 
 -- Idle spans, unordered: each gap cut where the segments of its process change.
 CREATE VIEW _gpu_time_idle AS
+WITH
+  segments AS MATERIALIZED (SELECT * FROM _gpu_time_segments),
+  gaps AS MATERIALIZED (SELECT * FROM _gpu_time_gaps)
 SELECT i.device_id, i.global_pid, s.start_ns, least(s.end_ns, i.end_ns) AS end_ns, s.kind, s.iteration
-FROM _gpu_time_segments AS s
-ASOF JOIN _gpu_time_gaps AS i
-  ON i.device_id = s.device_id AND i.global_pid = s.global_pid AND i.start_ns <= s.start_ns
+FROM segments AS s
+ASOF JOIN gaps AS i ON i.device_id = s.device_id AND i.global_pid = s.global_pid AND i.start_ns <= s.start_ns
 WHERE s.start_ns < i.end_ns
 UNION ALL
 SELECT i.device_id, i.global_pid, i.start_ns, least(s.end_ns, i.end_ns), s.kind, s.iteration
-FROM _gpu_time_gaps AS i
-ASOF JOIN _gpu_time_segments AS s
-  ON s.device_id = i.device_id AND s.global_pid = i.global_pid AND s.start_ns < i.start_ns
+FROM gaps AS i
+ASOF JOIN segments AS s ON s.device_id = i.device_id AND s.global_pid = i.global_pid AND s.start_ns < i.start_ns
 WHERE s.end_ns > i.start_ns;
 
 -- Every idle span of every GPU, by kind, with the iteration it lies in or after.
@@ -159,39 +160,65 @@ SELECT device_id, global_pid, start_ns, end_ns, end_ns - start_ns, kind, iterati
 FROM _gpu_time_idle
 ORDER BY device_id, global_pid, start_ns;
 
--- The parts of each idle span, unordered: overlaps with the process's host activity, then what they leave.
+-- The parts of each idle span, unordered. One sweep per GPU through the starts and ends of its idle
+-- spans and of its process's host intervals (host_activity.sql), in time order: between two
+-- consecutive instants, whether an idle span is open (and which: the latest to start), and which host
+-- intervals are in flight (a bit each; the lowest wins). The winner's range or call is then the latest
+-- of its bit to start (one ASOF join, for the idle instants only); what no interval covers is left to
+-- each span's unattributed part.
 CREATE VIEW _gpu_idle_parts AS
 WITH
-  host AS (
-    SELECT h.*, g.device_id FROM _host_activity_pieces AS h JOIN _gpu_time_gpus AS g USING (global_pid)
+  idle AS MATERIALIZED (SELECT * FROM _gpu_time_idle),
+  intervals AS MATERIALIZED (
+    SELECT h.*, g.device_id FROM _host_activity_intervals AS h JOIN _gpu_time_gpus AS g USING (global_pid)
   ),
-  crossings AS (
-    SELECT p.device_id, p.global_pid, p.start_ns, p.end_ns, p.kind, p.iteration, h.cause_kind, h.cause, h.global_tid,
-           least(h.end_ns, p.end_ns) - h.start_ns AS dur_ns
-    FROM host AS h
-    ASOF JOIN _gpu_time_idle AS p ON p.device_id = h.device_id AND p.global_pid = h.global_pid AND p.start_ns <= h.start_ns
-    WHERE h.start_ns < p.end_ns
+  deltas AS (
+    SELECT device_id, global_pid, start_ns AS ts, 1::BIGINT << bit AS host, 0 AS open FROM intervals
     UNION ALL
-    SELECT p.device_id, p.global_pid, p.start_ns, p.end_ns, p.kind, p.iteration, h.cause_kind, h.cause, h.global_tid,
-           least(h.end_ns, p.end_ns) - p.start_ns
-    FROM _gpu_time_idle AS p
-    ASOF JOIN host AS h ON h.device_id = p.device_id AND h.global_pid = p.global_pid AND h.start_ns < p.start_ns
-    WHERE h.end_ns > p.start_ns
+    SELECT device_id, global_pid, end_ns, -(1::BIGINT << bit), 0 FROM intervals
+    UNION ALL
+    SELECT device_id, global_pid, start_ns, 0, 1 FROM idle
+    UNION ALL
+    SELECT device_id, global_pid, end_ns, 0, -1 FROM idle
+  ),
+  swept AS (
+    -- a RANGE frame takes every delta of the instant, so each sum is the state just after it
+    SELECT
+      device_id,
+      global_pid,
+      ts,
+      lead(ts) OVER (PARTITION BY device_id, global_pid ORDER BY ts) AS next_ts,
+      sum(host) OVER w AS in_flight,
+      sum(open) OVER w AS idle_open,
+      max(CASE WHEN open = 1 THEN ts END) OVER w AS idle_start_ns
+    FROM deltas
+    WINDOW w AS (PARTITION BY device_id, global_pid ORDER BY ts RANGE UNBOUNDED PRECEDING)
+  ),
+  won AS (
+    SELECT device_id, global_pid, idle_start_ns, ts, next_ts - ts AS dur_ns,
+           bit_count((in_flight & -in_flight) - 1)::INTEGER AS bit
+    FROM swept
+    WHERE next_ts > ts AND idle_open = 1 AND in_flight <> 0
   ),
   attributed AS (
-    SELECT device_id, global_pid, start_ns, end_ns, kind, iteration, cause_kind, cause, global_tid,
-           sum(dur_ns)::BIGINT AS dur_ns
-    FROM crossings
+    SELECT w.device_id, w.global_pid, w.idle_start_ns AS start_ns, i.global_tid, i.cause_id, sum(w.dur_ns)::BIGINT AS dur_ns
+    FROM won AS w
+    ASOF JOIN intervals AS i
+      ON i.device_id = w.device_id AND i.global_pid = w.global_pid AND i.bit = w.bit AND i.start_ns <= w.ts
     GROUP BY ALL
   ),
   covered AS (
     SELECT device_id, global_pid, start_ns, sum(dur_ns) AS dur_ns FROM attributed GROUP BY ALL
   )
-SELECT *, 0 AS last FROM attributed
+SELECT p.device_id, p.global_pid, p.start_ns, p.end_ns, p.kind, p.iteration, c.cause_kind, c.cause, a.global_tid,
+       a.dur_ns, 0 AS last
+FROM attributed AS a
+JOIN idle AS p USING (device_id, global_pid, start_ns)
+JOIN _host_activity_causes AS c ON c.cause_id = a.cause_id
 UNION ALL
 SELECT p.device_id, p.global_pid, p.start_ns, p.end_ns, p.kind, p.iteration, 'unattributed', 'unattributed', NULL,
        (p.end_ns - p.start_ns - coalesce(c.dur_ns, 0))::BIGINT, 1
-FROM _gpu_time_idle AS p
+FROM idle AS p
 LEFT JOIN covered AS c USING (device_id, global_pid, start_ns);
 
 -- Each idle span split by what the host was doing meanwhile; a span's parts add up to its length.
