@@ -26,7 +26,7 @@
 --     engine step: the scheduler's output for one batch) in a range named by the step's batch,
 --     `execute_context_{reqs}({tokens})_generation_{reqs}({tokens})` (`execute_new_{n}_cached_{m}`
 --     in older releases); vllm/profiler/wrapper.py opens it with torch.cuda.nvtx.range when the
---     server runs with the CUDA profiler (--profiler-config profiler=cuda), in the default domain.
+--     server runs with the CUDA profiler (--profiler-config.profiler=cuda), in the default domain.
 --   sglang: python/sglang/srt/utils/nvtx_utils.py, with SGLANG_ENABLE_NVTX_SCHEDULER=1. The
 --     scheduler's event loop (event_loop_normal or event_loop_overlap in managers/scheduler.py) calls
 --     run_batch exactly once per batch it launches, so `scheduler.run_batch` is one iteration; ranges
