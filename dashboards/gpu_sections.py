@@ -19,11 +19,14 @@ _REPEATING = ("SELECT rank, name, domain, ranges, threads, gpu_share, time_share
 
 
 def gpu_sections(runs: list[RunData]) -> list[Section]:
-    """The GPU sections, in page order; none when no run's capture holds GPU work."""
+    """The GPU sections, in page order, for the runs whose capture holds GPU work; without any, the repeating
+    NVTX ranges alone for captures where no iteration range was found (so that the page still says which
+    ranges could be one)."""
     gpu = [r for r in runs if r.gpu_ops]
-    if not gpu:
-        return []
-    return [_gpu_time(runs, gpu), _idle_causes(runs, gpu), _kernels(runs, gpu), _repeating(runs, gpu)]
+    if gpu:
+        return [_gpu_time(runs, gpu), _idle_causes(runs, gpu), _kernels(runs, gpu), _repeating(runs, gpu)]
+    unmapped = [r for r in runs if r.capture and "nvtx_ranges" not in r.db.missing and not r.has_trace]
+    return [_repeating(runs, unmapped, "its trace has iteration ranges")] if unmapped else []
 
 
 def _name(chart: str, runs: list[RunData], run: RunData) -> str:
@@ -36,9 +39,9 @@ def _stacked(gpu: list[RunData], sql: str):
     return table.drop_columns(["run"]) if len(gpu) == 1 else table
 
 
-def _left_out(runs: list[RunData], gpu: list[RunData]) -> list[NoteBlock]:
-    others = [r.label for r in runs if r not in gpu]
-    return [NoteBlock(f"Not shown for {', '.join(others)}: {NO_GPU}.")] if others else []
+def _left_out(runs: list[RunData], shown: list[RunData], why: str = NO_GPU) -> list[NoteBlock]:
+    others = [r.label for r in runs if r not in shown]
+    return [NoteBlock(f"Not shown for {', '.join(others)}: {why}.")] if others else []
 
 
 def _gpu_time(runs: list[RunData], gpu: list[RunData]) -> Section:
@@ -93,11 +96,11 @@ def _kernels(runs: list[RunData], gpu: list[RunData]) -> Section:
     return section
 
 
-def _repeating(runs: list[RunData], gpu: list[RunData]) -> Section:
+def _repeating(runs: list[RunData], gpu: list[RunData], why: str = NO_GPU) -> Section:
     section = Section("nvtx-ranges", "NVTX ranges that repeat",
                       "The ranges that could be one iteration, ranked as `itertrace mapping suggest` ranks them: how "
                       "much of the GPU work they launch, how much of their thread's time they cover, how steady "
-                      "their pace is. Each comes with the --param line that maps it.", _left_out(runs, gpu))
+                      "their pace is. Each comes with the --param line that maps it.", _left_out(runs, gpu, why))
     for r in gpu:
         table = r.db.sql(_REPEATING)
         heading = f"{r.label}: " if len(runs) > 1 else ""
