@@ -19,6 +19,10 @@ machine disturbs less):
   (benchmarks/pandas_reference.py) of the same computation;
 - TTFT reconstruction from the run log: `request_latency_log`'s request_id, ttft_ns, tpot_ns,
   output_tokens, and its pandas reference.
+- GPU time accounting, SQL only: `SELECT * FROM gpu_time` and `SELECT * FROM gpu_idle_parts`, after each
+  `forward` range is given synthetic GPU work (three kernels on two streams and a stream synchronize,
+  `_add_gpu_work`; the GPU projection stays empty, so gap attribution reads what it read before), timed
+  and measured for memory the same way and printed beside gap attribution's SQL.
 Both SQL results are fetched as Arrow tables. The pandas figures are given with the loading of its
 input DataFrames from DuckDB (`.df()`) and without it. Peak memory is measured apart, each computation
 once in a fresh `spawn` child process: its peak RSS (VmHWM, reset after imports and opening the database;
@@ -37,6 +41,13 @@ DuckDB runs on all cores:
   against pandas alone); TTFT 0.03 and 0.02 s against 0.50 and 0.38 s (x16.1 and x16.2).
 - 2 cores (this development machine, load 0.5-1.7, --repeat 3): gap attribution SQL 6.48 s best (11.9
   CPU-s, peak 2.6 GiB) against pandas with loading 12.76 s: x2.0; TTFT 0.07 s against 0.75 s (x10.3).
+GPU time at 1,000,448 iterations (this 2-core machine, load 4.5-5.7, --repeat 2, one run): gpu_time 10.1 s
+best (5.0 CPU-s, peak 1.8 GiB), gpu_idle_parts 73.1 s best (38.2 CPU-s, 10,004,481 rows, peak 8.4 GiB) against
+gap attribution's 7.1 s (7.4 CPU-s, 2.7 GiB) in the same run: x1.4 and x10.3 in wall time, x0.7 and x5.1 in
+CPU time. gpu_idle_parts is one time-ordered sweep over 26M starts and ends (10M host intervals, 3M idle
+spans) and DuckDB holds the whole window input in memory: with `SET memory_limit = '2GB'` it spills and
+peaked at 2.2 GiB in 174 s (load 7-8) where it took 97 s unlimited.
+
 The formulation before (one sort of a track's phase ranges and gaps, walked once with running windows
 over an empty OVER, which DuckDB evaluates on one thread) took half the CPU but did not scale: on the
 16-core machine it took 2.31 s at 16 threads, 2.72 at 8, 2.88 at 4 and 3.32 at 2, where the ASOF joins
