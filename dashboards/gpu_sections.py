@@ -1,4 +1,4 @@
-"""The report's GPU sections, for runs whose capture holds GPU work: GPU time, idle causes, kernels, repeating ranges."""
+"""The report's GPU sections for captures with GPU work: GPU time, idle causes, kernels, repeating ranges."""
 from __future__ import annotations
 
 from itertrace.dashboards import gpu_charts
@@ -8,7 +8,8 @@ from itertrace.dashboards.chart_data import label_runs
 NO_GPU = "its capture holds no GPU work (no kernel, memcpy or memset)"
 TOP_ROWS = 10
 
-_CAUSES = f"""SELECT device_id, global_pid, cause_kind, cause, idle_ns, idle_share, within_ns, between_ns, outside_ns, spans
+_CAUSES = f"""
+SELECT device_id, global_pid, cause_kind, cause, idle_ns, idle_share, within_ns, between_ns, outside_ns, spans
 FROM gpu_time_causes QUALIFY row_number() OVER (PARTITION BY device_id, global_pid ORDER BY idle_ns DESC) <= {TOP_ROWS}
 ORDER BY device_id, global_pid, idle_ns DESC"""
 _KERNELS = f"SELECT * FROM gpu_time_kernels LIMIT {TOP_ROWS}"

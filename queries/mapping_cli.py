@@ -1,4 +1,4 @@
-"""`itertrace mapping suggest --db FILE`: the NVTX ranges that could be one iteration, ranked, with the parameters for each."""
+"""`itertrace mapping suggest --db FILE`: the NVTX ranges that could be one iteration, ranked, each with its --param line."""
 from __future__ import annotations
 
 import argparse

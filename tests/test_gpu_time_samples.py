@@ -67,7 +67,8 @@ def test_the_window_is_split_exactly(sample):
         assert row["window_start_ns"] == lo
         assert row["window_ns"] == row["busy_ns"] + row["idle_ns"]
         assert row["idle_ns"] == row["idle_within_ns"] + row["idle_between_ns"] + row["idle_outside_ns"]
-    spans = {(r["device_id"], r["global_pid"], r["start_ns"]): r["dur_ns"] for r in sample.query("gpu_time_idle").to_pylist()}
+    spans = {(r["device_id"], r["global_pid"], r["start_ns"]): r["dur_ns"]
+             for r in sample.query("gpu_time_idle").to_pylist()}
     parts = defaultdict(int)
     for r in sample.query("gpu_idle_parts").to_pylist():
         parts[r["device_id"], r["global_pid"], r["idle_start_ns"]] += r["dur_ns"]

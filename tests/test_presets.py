@@ -93,7 +93,8 @@ def expected_accounting(built: ec.Built, db: QueryDB) -> dict[tuple[int, int], t
         host += [HostInterval(tid, a, b, CUDA, launches[tid], api_class(name), name) for tid, a, b, name in
                  clipped_calls([(c.tid, c.start_ns, c.end_ns, c.name, c.correlation_id) for c in cap.calls
                                 if c.tid & ~0xFFFFFF == pid and launches[c.tid]])]
-        iterations = [(ds, de, None) for tid, steps in intervals.items() if tid & ~0xFFFFFF == pid for _, ds, de in steps]
+        iterations = [(ds, de, None) for tid, steps in intervals.items() if tid & ~0xFFFFFF == pid
+                      for _, ds, de in steps]
         ops = [(w.start_ns, w.end_ns) for w in cap.gpu_work if (w.device, w.pid) == (device, pid)]
         out[device, pid] = accounting((lo, hi), ops, iterations, host)
     return out
@@ -132,8 +133,8 @@ def test_gpu_time_and_its_idle_parts_agree_with_the_plain_python_accounting(engi
         reference = expected_accounting(built, db)
         times = {(r[0], r[1]): r for r in rows(db, "SELECT * FROM gpu_time")}
         parts = Counter()
-        for device, pid, kind, cause_kind, cause, ns in rows(
-                db, "SELECT device_id, global_pid, kind, cause_kind, cause, sum(dur_ns) FROM gpu_idle_parts GROUP BY ALL"):
+        for device, pid, kind, cause_kind, cause, ns in rows(db, "SELECT device_id, global_pid, kind, cause_kind, cause, "
+                                                                 "sum(dur_ns) FROM gpu_idle_parts GROUP BY ALL"):
             parts[device, pid, kind, cause_kind, cause] += ns
     assert set(times) == set(reference) and len(times) == (2 if preset is Preset.TRTLLM else 1)
     for key, (busy, kinds, causes) in reference.items():
