@@ -19,6 +19,10 @@ machine disturbs less):
   (benchmarks/pandas_reference.py) of the same computation;
 - TTFT reconstruction from the run log: `request_latency_log`'s request_id, ttft_ns, tpot_ns,
   output_tokens, and its pandas reference.
+- GPU time accounting, SQL only: `SELECT * FROM gpu_time` and `SELECT * FROM gpu_idle_parts`, after each
+  `forward` range is given synthetic GPU work (three kernels on two streams and a stream synchronize,
+  `_add_gpu_work`; the GPU projection stays empty, so gap attribution reads what it read before), timed
+  and measured for memory the same way and printed beside gap attribution's SQL.
 Both SQL results are fetched as Arrow tables. The pandas figures are given with the loading of its
 input DataFrames from DuckDB (`.df()`) and without it. Peak memory is measured apart, each computation
 once in a fresh `spawn` child process: its peak RSS (VmHWM, reset after imports and opening the database;
@@ -37,6 +41,13 @@ DuckDB runs on all cores:
   against pandas alone); TTFT 0.03 and 0.02 s against 0.50 and 0.38 s (x16.1 and x16.2).
 - 2 cores (this development machine, load 0.5-1.7, --repeat 3): gap attribution SQL 6.48 s best (11.9
   CPU-s, peak 2.6 GiB) against pandas with loading 12.76 s: x2.0; TTFT 0.07 s against 0.75 s (x10.3).
+GPU time at 1,000,448 iterations (this 2-core machine, load 4.5-5.7, --repeat 2, one run): gpu_time 10.1 s
+best (5.0 CPU-s, peak 1.8 GiB), gpu_idle_parts 73.1 s best (38.2 CPU-s, 10,004,481 rows, peak 8.4 GiB) against
+gap attribution's 7.1 s (7.4 CPU-s, 2.7 GiB) in the same run: x1.4 and x10.3 in wall time, x0.7 and x5.1 in
+CPU time. gpu_idle_parts is one time-ordered sweep over 26M starts and ends (10M host intervals, 3M idle
+spans) and DuckDB holds the whole window input in memory: with `SET memory_limit = '2GB'` it spills and
+peaked at 2.2 GiB in 174 s (load 7-8) where it took 97 s unlimited.
+
 The formulation before (one sort of a track's phase ranges and gaps, walked once with running windows
 over an empty OVER, which DuckDB evaluates on one thread) took half the CPU but did not scale: on the
 16-core machine it took 2.31 s at 16 threads, 2.72 at 8, 2.88 at 4 and 3.32 at 2, where the ASOF joins
@@ -69,8 +80,10 @@ import pandas_reference  # noqa: E402  (benchmarks/ is not a package)
 
 # Tables copied unchanged (one thread, one process, one capture): the views read some of them.
 AS_IS = ("threads", "processes", "capture_meta", "nvtx_domains", "nvtx_categories")
-# GPU tables: empty on this CPU capture, and kept empty.
-EMPTY = ("nvtx_gpu_projection", "cuda_api", "gpu_ops")
+# The GPU projection stays empty (the sample is a CPU capture): each iteration's device interval stays its
+# forward range, so gap attribution reads what it read before. cuda_api and gpu_ops get synthetic GPU work.
+EMPTY = ("nvtx_gpu_projection",)
+KERNELS_PER_FORWARD = 3
 
 
 # --------------------------------------------------------------------------------------------------
@@ -218,12 +231,57 @@ def build(src: Path, dest: Path, iterations: int) -> Copies:
             con.execute(f"CREATE TABLE {table} AS SELECT * FROM src.{table}")
         for table in EMPTY:
             con.execute(f"CREATE TABLE {table} AS SELECT * FROM src.{table} LIMIT 0")
+        _add_gpu_work(con)
         _check_first_copy(con, copied)
         con.execute("DETACH src")
         con.execute("CHECKPOINT")
     finally:
         con.close()
     return p
+
+
+def _add_gpu_work(con: duckdb.DuckDBPyConnection) -> None:
+    """GPU work inside every `forward` range of duration d starting at s, on its thread's process, device 0.
+
+    Kernel k (0, 1, 2) is launched by a call at s + k*d/4 (d/20 long) and runs d/3 from s + k*d/4 + d/20,
+    on streams 7 and 8 in turn, so consecutive kernels overlap; a cudaStreamSynchronize runs from the
+    last launch's end to the range's end. The GPU is idle at the start and end of each forward range
+    (within the iteration) and from one forward range to the next (between iterations).
+    """
+    con.execute("CREATE TABLE cuda_api AS SELECT * FROM src.cuda_api LIMIT 0")
+    con.execute("CREATE TABLE gpu_ops AS SELECT * FROM src.gpu_ops LIMIT 0")
+    con.execute(f"""
+        CREATE TEMP TABLE _forwards AS
+        SELECT row_number() OVER (ORDER BY start_ns, range_id) AS n, global_tid, global_pid, start_ns,
+               end_ns - start_ns AS d
+        FROM nvtx_ranges WHERE domain_name = 'itertrace' AND text = 'forward' AND end_ns > start_ns""")
+    con.execute(f"""
+        INSERT INTO cuda_api (api_id, start_ns, end_ns, dur_ns, name, event_class, event_class_name, global_tid,
+                              global_pid, pid, tid, correlation_id, return_value)
+        WITH calls AS (
+          SELECT f.n * 4 + k AS correlation_id, f.global_tid, f.global_pid, f.start_ns + k * f.d // 4 AS start_ns,
+                 f.start_ns + k * f.d // 4 + f.d // 20 AS end_ns, 'cudaLaunchKernel_v7000' AS name
+          FROM _forwards AS f CROSS JOIN range({KERNELS_PER_FORWARD}) AS r(k)
+          UNION ALL
+          SELECT f.n * 4 + 3, f.global_tid, f.global_pid, f.start_ns + 2 * f.d // 4 + f.d // 20, f.start_ns + f.d,
+                 'cudaStreamSynchronize_v3020'
+          FROM _forwards AS f)
+        SELECT row_number() OVER (ORDER BY start_ns, global_tid, correlation_id), start_ns, end_ns,
+               end_ns - start_ns, name, 0, 'CUDA runtime', global_tid, global_pid, (global_pid >> 24) & 16777215,
+               global_tid & 16777215, correlation_id, 0
+        FROM calls""")
+    con.execute(f"""
+        INSERT INTO gpu_ops (gpu_op_id, kind, start_ns, end_ns, dur_ns, name, short_name, device_id, context_id,
+                             stream_id, correlation_id, global_pid, pid, launch_type)
+        WITH ops AS (
+          SELECT f.n * 4 + k AS correlation_id, k, f.global_pid, f.start_ns + k * f.d // 4 + f.d // 20 AS start_ns,
+                 f.start_ns + k * f.d // 4 + f.d // 20 + f.d // 3 AS end_ns
+          FROM _forwards AS f CROSS JOIN range({KERNELS_PER_FORWARD}) AS r(k))
+        SELECT row_number() OVER (ORDER BY start_ns, correlation_id), 'kernel', start_ns, end_ns, end_ns - start_ns,
+               'kernel_' || k::VARCHAR, 'kernel_' || k::VARCHAR, 0, 1, 7 + k % 2, correlation_id, global_pid,
+               (global_pid >> 24) & 16777215, 'Regular'
+        FROM ops""")
+    con.execute("DROP TABLE _forwards")
 
 
 def _open_at_end(con: duckdb.DuckDBPyConnection) -> tuple[int | None, list[int]]:
@@ -256,8 +314,9 @@ def _build_or_reuse(sample: Path, dest: Path, iterations: int) -> tuple[Copies, 
     if dest.exists():
         try:
             with duckdb.connect(str(dest), read_only=True) as con:
-                have = con.execute("SELECT (SELECT count(*) FROM run_iterations), (SELECT count(*) FROM nvtx_ranges)").fetchall()[0]
-            if have == (wanted.copies * wanted.iterations, wanted.copies * n_ranges):
+                have = con.execute("SELECT (SELECT count(*) FROM run_iterations), (SELECT count(*) FROM nvtx_ranges), "
+                                   "(SELECT count(*) > 0 FROM gpu_ops)").fetchall()[0]
+            if have == (wanted.copies * wanted.iterations, wanted.copies * n_ranges, True):
                 return wanted, True
         except duckdb.Error:
             pass
@@ -290,6 +349,8 @@ COMPUTATIONS = {
     "gap attribution": ("host_gaps_parts", GAPS_SQL, ["global_tid", "iteration", "phase"]),
     "TTFT reconstruction": ("request_latency_log", TTFT_SQL, ["request_id"]),
 }
+# GPU time accounting, in SQL only (no pandas reference): per GPU, and every idle span split by host cause.
+GPU_TIME = {"GPU time": "SELECT * FROM gpu_time", "GPU idle parts": "SELECT * FROM gpu_idle_parts"}
 
 
 def open_db(path: Path, threads: int | None):
@@ -304,7 +365,7 @@ def open_db(path: Path, threads: int | None):
 
 def run_sql(db, name: str):
     """The SQL result, as an Arrow table."""
-    return db.sql(COMPUTATIONS[name][1])
+    return db.sql(COMPUTATIONS[name][1] if name in COMPUTATIONS else GPU_TIME[name])
 
 
 def load_pandas(db, name: str) -> tuple:
@@ -540,6 +601,7 @@ def run(args: argparse.Namespace) -> None:
         iterations = counts["run_iterations"]
         print(f"ratio = pandas seconds / SQL seconds, best runs, at {iterations:,} iterations; target: at least 10.")
         floor(path, args, budget=results["gap attribution"][5].best / 10)
+        gpu_time(path, args, gap_sql=results["gap attribution"][2])
         print(f"Load average at the end: {_loadavg()}")
 
 
@@ -580,6 +642,42 @@ def floor(path: Path, args: argparse.Namespace, budget: float) -> None:
     print("gap attribution, steps any exact formulation takes, each alone (best wall s): "
           + ", ".join(f"{step} {s:.2f}" for step, s in best.items())
           + f"; sum {sum(best.values()):.2f} s against {budget:.2f} s for x10")
+
+
+def gpu_time(path: Path, args: argparse.Namespace, gap_sql: Timing) -> None:
+    """Time gpu_time and gpu_idle_parts (--repeat runs each) and their peak memory, beside gap attribution's SQL.
+
+    Checks the results first: busy time is what the synthetic GPU work makes it (per forward range of
+    duration d, its three kernels cover one interval of 2d/4 + d/3), and the idle parts add up to the idle time.
+    """
+    db = open_db(path, args.threads)
+    try:
+        timings, results = {}, {}
+        for name in GPU_TIME:
+            timing = Timing([], [])
+            for _ in range(args.repeat):
+                results[name] = timed(lambda: run_sql(db, name), timing)
+            timings[name] = timing
+        expected_busy = db.con.execute("""
+            SELECT sum((2 * (end_ns - start_ns)) // 4 + (end_ns - start_ns) // 3)::BIGINT FROM nvtx_ranges
+            WHERE domain_name = 'itertrace' AND text = 'forward' AND end_ns > start_ns""").fetchall()[0][0]
+    finally:
+        db.close()
+    ((row),) = results["GPU time"].to_pylist()
+    parts_ns = sum(results["GPU idle parts"].column("dur_ns").to_pylist())
+    if row["busy_ns"] != expected_busy or parts_ns != row["idle_ns"] or row["idle_ns"] != row["window_ns"] - row["busy_ns"]:
+        raise SystemExit(f"GPU time: busy {row['busy_ns']:,} ns (expected {expected_busy:,}), idle {row['idle_ns']:,} ns, "
+                         f"idle parts {parts_ns:,} ns: they should agree")
+    print(f"GPU time accounting (SQL only), {KERNELS_PER_FORWARD} synthetic kernels per forward range: busy "
+          f"{row['busy_ns']:,} ns as built; idle {row['idle_ns']:,} ns = within {row['idle_within_ns']:,} + between "
+          f"{row['idle_between_ns']:,} + outside {row['idle_outside_ns']:,}, and the idle parts add up to it")
+    print(f"{'computation':20} {'rows':>10} {'SQL s':>13} {'CPU s':>7} {'vs gaps':>8}   {'peak RSS MiB (+ over start)':>28}")
+    for name, timing in timings.items():
+        peak, delta = peak_memory(path, args.threads, name, "sql")
+        print(f"{name:20} {results[name].num_rows:>10,} {timing.best:6.2f} ({timing.first:5.2f}) {timing.best_cpu:7.2f} "
+              f"{timing.best / gap_sql.best:7.2f}x   {peak:6.0f} (+{delta:5.0f})")
+    print(f"{'gap attribution':20} {'':>10} {gap_sql.best:6.2f} ({gap_sql.first:5.2f}) {gap_sql.best_cpu:7.2f} "
+          f"{1:7.2f}x   (its SQL, above)")
 
 
 def _loadavg() -> str:

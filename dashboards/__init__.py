@@ -6,6 +6,9 @@ chart; nothing shows or saves itself):
 - host_gap_chart(parts) / host_gap_iterations_chart(parts) / host_gap_distribution_chart(parts):
   host_gaps_parts, the gap per iteration stacked by phase and each phase's distribution over gaps
 - iteration_timeline_chart(iterations): host and device intervals per iteration (iterations)
+- gpu_time_chart(idle, gpu_time): each GPU's window binned over time by busy and idle kind (gpu_time_idle)
+- idle_causes_chart(causes): GPU idle time by host cause, split by kind (gpu_time_causes)
+- kernels_chart(kernels): GPU operations by time (gpu_time_kernels)
 - membership_chart(membership, membership_iterations): iteration by slot, coloured by request
 - active_tokens_chart(iterations, label="run"): membership_iterations of several runs, one line each
 - latency_cdf_chart(requests, label="run", by=ClassKind.PROMPT_BUCKET): latency_by_class_requests
@@ -24,6 +27,7 @@ _HOMES = {
     "ClassKind": "charts", "active_tokens_chart": "charts", "fairness_progress_chart": "charts",
     "host_gap_chart": "charts", "host_gap_distribution_chart": "charts", "host_gap_iterations_chart": "charts",
     "iteration_timeline_chart": "charts", "label_runs": "charts", "latency_cdf_chart": "charts",
+    "gpu_time_chart": "charts", "idle_causes_chart": "charts", "kernels_chart": "charts",
     "membership_chart": "charts", "slot_time_chart": "charts",
     "Report": "report", "build_report": "report",
     "Written": "html", "render_html": "html", "write_report": "html",

@@ -53,6 +53,7 @@ class Report:
     meta: pa.Table  # one row per run
     simulated: tuple[str, ...]  # labels of simulated runs
     sections: tuple[Section, ...]
+    mappings: tuple[str, ...] = ()  # one line per run whose iteration mapping auto chose, saying which
 
     def charts(self) -> list[ChartBlock]:
         return [b for s in self.sections for b in s.blocks if isinstance(b, ChartBlock)]
@@ -69,6 +70,8 @@ class RunData:
     meta: dict | None  # run_meta's row; None without a run log
     capture: dict | None  # capture_meta's row; None without a trace
     iterations_in_trace: int
+    gpu_ops: int = 0  # GPU operations in its capture
+    mapping_note: str | None = None  # which mapping preset=auto chose; None when the caller chose one
 
     @property
     def has_log(self) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from itertrace.dashboards.batch_charts import active_tokens_chart, slot_time_chart
 from itertrace.dashboards.chart_data import label_runs
+from itertrace.dashboards.gpu_charts import gpu_time_chart, idle_causes_chart, kernels_chart
 from itertrace.dashboards.latency_charts import ClassKind, fairness_progress_chart, latency_cdf_chart
 from itertrace.dashboards.membership import membership_chart
 from itertrace.dashboards.trace_charts import (
@@ -22,10 +23,13 @@ __all__ = [
     "ClassKind",
     "active_tokens_chart",
     "fairness_progress_chart",
+    "gpu_time_chart",
     "host_gap_chart",
     "host_gap_distribution_chart",
     "host_gap_iterations_chart",
+    "idle_causes_chart",
     "iteration_timeline_chart",
+    "kernels_chart",
     "label_runs",
     "latency_cdf_chart",
     "membership_chart",

@@ -44,6 +44,7 @@ p.meta { color: #666; font-size: 13px; margin: 0 0 12px; }
 p.intro { max-width: 820px; font-size: 14px; color: #333; }
 p.note { background: #f4f4f4; border-left: 4px solid #999; padding: 8px 12px; font-size: 13px; }
 p.simulated { background: #fff4d6; border-left: 4px solid #e0a800; padding: 8px 12px; font-weight: bold; }
+p.mapping { background: #e8f1fb; border-left: 4px solid #4c78a8; padding: 8px 12px; font-size: 13px; }
 nav ol { columns: 3; font-size: 13px; padding-left: 20px; }
 table { border-collapse: collapse; font-size: 12px; margin: 4px 0 6px; }
 th, td { padding: 3px 9px; border-bottom: 1px solid #e4e4e4; text-align: left; white-space: nowrap; }
@@ -169,6 +170,8 @@ def render_html(report: Report, specs: list[dict] | None = None) -> str:
     if report.simulated:
         out.append(f'<p class="simulated">Simulated: {esc(", ".join(report.simulated))} ran on the cost-model runner; '
                    "their times come from a model, not a machine.</p>")
+    for line in report.mappings:
+        out.append(f'<p class="mapping">{esc(line[0].upper() + line[1:])}</p>')
     out.append('<nav><ol><li><a href="#runs">Runs</a></li>' + "".join(
         f'<li><a href="#{s.id}">{esc(s.title)}</a></li>' for s in report.sections) + "</ol></nav>")
     out.append('<section id="runs"><h2>Runs</h2>' + table_html(report.meta) + "</section>")

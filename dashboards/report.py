@@ -33,9 +33,10 @@ def build_report(dbs: Sequence[str | Path], labels: Sequence[str] | None = None,
     runs = _open(dbs, labels, params or {})
     try:
         names = " vs ".join(r.label for r in runs) if len(runs) <= 2 else f"{len(runs)} runs compared"
+        mappings = tuple((f"{r.label}: " if len(runs) > 1 else "") + r.mapping_note for r in runs if r.mapping_note)
         return Report(title=title or f"itertrace report: {names}", meta=_meta_table(runs),
                       simulated=tuple(r.label for r in runs if r.meta and r.meta.get("simulated")),
-                      sections=tuple(sections(runs)))
+                      sections=tuple(sections(runs)), mappings=mappings)
     finally:
         for run in runs:
             run.db.close()
@@ -52,9 +53,11 @@ def _open(dbs: Sequence[str | Path], labels: Sequence[str] | None, params: dict[
                 raise UserError(f"{path}: {NOT_INGESTED}; nothing to report")
             if "nvtx_ranges" not in db.missing:
                 db.sql("SELECT * FROM mapping")  # an incomplete mapping fails here, in one line
-            runs.append(RunData("", Path(path), db, _one_row(db, "run_meta"), _one_row(db, "capture_meta"), 0))
+            runs.append(RunData("", Path(path), db, _one_row(db, "run_meta"), _one_row(db, "capture_meta"), 0,
+                                mapping_note=db.mapping_choice.note if db.mapping_choice else None))
             if "nvtx_ranges" not in db.missing:
                 runs[-1].iterations_in_trace = int(db.sql("SELECT count(*) AS n FROM iterations").column(0)[0].as_py())
+                runs[-1].gpu_ops = int(db.sql("SELECT count(*) AS n FROM gpu_ops").column(0)[0].as_py())
         for run, label in zip(runs, labels or _default_labels(runs)):
             run.label = label
         seen = [r.label for r in runs]

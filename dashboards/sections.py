@@ -9,14 +9,15 @@ import pyarrow as pa
 from itertrace.dashboards import charts
 from itertrace.dashboards.blocks import ChartBlock, NoteBlock, RunData, Section, TableBlock
 from itertrace.dashboards.chart_data import label_runs
+from itertrace.dashboards.gpu_sections import gpu_sections
 
 DETAIL_ITERATIONS = 200  # a binned membership chart is followed by its first iterations in detail
 
 
 def sections(runs: list[RunData]) -> list[Section]:
     """Every section, in page order, that at least notes something for these runs."""
-    built = (_gaps(runs), _timeline(runs), _membership(runs), _slot_time(runs), _active(runs), _latency(runs),
-             _fairness(runs), _agreement(runs))
+    built = (*gpu_sections(runs), _gaps(runs), _timeline(runs), _membership(runs), _slot_time(runs), _active(runs),
+             _latency(runs), _fairness(runs), _agreement(runs))
     return [s for s in built if s is not None]
 
 
@@ -42,7 +43,8 @@ def _stack(runs: list[RunData], rows: Callable[[RunData], pa.Table]) -> pa.Table
 
 NO_TRACE = ("no Nsight Systems trace in the database: a simulated run has none; ingest a run's .nsys-rep beside its "
             "run directory to see its host gaps")
-NO_STEPS = "its trace has no iteration (step) ranges that the mapping recognises"
+NO_STEPS = ("its trace has no iteration (step) ranges that the mapping recognises (`itertrace mapping suggest --db "
+            "FILE` ranks the ranges that could be one)")
 NO_LOG = "no engine run log in the database; ingest the run directory beside the trace"
 
 

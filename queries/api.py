@@ -17,6 +17,7 @@ from itertrace.errors import UserError
 from itertrace.ingest.normalize import prefer_sort_based_joins
 from itertrace.ingest.sqldoc import comment_statements
 from itertrace.queries.catalog import SOURCE_TABLES, Query, all_params, modules, queries, requires
+from itertrace.queries.suggest import MappingChoice, choose_mapping
 
 _CREATE = re.compile(r"^CREATE (MACRO|VIEW) ", re.IGNORECASE | re.MULTILINE)
 
@@ -44,9 +45,17 @@ class QueryDB:
                  con: duckdb.DuckDBPyConnection | None = None) -> None:
         self.path = Path(db)
         self.con = con if con is not None else connect(self.path)
-        prefer_sort_based_joins(self.con)
-        self.missing = install(self.con)
-        set_params(self.con, params or {})
+        try:
+            prefer_sort_based_joins(self.con)
+            self.missing = install(self.con)
+            set_params(self.con, params or {})
+            # What preset=auto (the default) chose; None when the caller chose, or without a capture.
+            self.mapping_choice: MappingChoice | None = (
+                None if "nvtx_ranges" in self.missing else choose_mapping(self.con, params or {}))
+        except BaseException:
+            if con is None:
+                self.con.close()
+            raise
 
     def __enter__(self) -> QueryDB:
         return self
@@ -61,8 +70,11 @@ class QueryDB:
         return _tables(self.con)
 
     def mapping_note(self) -> str | None:
-        """Why the trace views come out empty when the mapping matches nothing here: one line, or None."""
-        if "nvtx_ranges" in self.missing:
+        """Why the trace views come out empty when the mapping matches nothing here: one line, or None.
+
+        None too where auto found no iteration range: its own line (mapping_choice.note) says so.
+        """
+        if "nvtx_ranges" in self.missing or (self.mapping_choice is not None and not self.mapping_choice.ranges):
             return None
         steps, timed = self.con.execute("SELECT count(*), count(device_start_ns) FROM _iterations_device").fetchone()
         if not steps:

@@ -82,6 +82,8 @@ def run_query(args: argparse.Namespace) -> int:
     with QueryDB(_db(args), params) as db:
         db.check(args.name)
         rows = _write(db, f"SELECT * FROM {args.name}", args)
+        if query.uses_mapping and db.mapping_choice:  # preset=auto: say which mapping it chose
+            print(f"itertrace: note: {db.mapping_choice.note}", file=sys.stderr)
         note = db.mapping_note() if not rows and "nvtx_ranges" in query.tables else None
     _done(rows, args.out)
     if note:

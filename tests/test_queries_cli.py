@@ -162,8 +162,10 @@ def test_an_empty_result_from_a_mapping_that_matches_nothing_says_why(capsys, sa
     rc, out, err = _run(capsys, "query", "host_gaps", "--db", db, "--param", "preset=generic",
                         "--param", "step_pattern=^step$")  # steps found, but on a CPU trace no device_pattern
     assert rc == 0 and "(no rows)" in out and "step ranges has a device interval" in err
-    rc, out, err = _run(capsys, "query", "host_gaps", "--db", db)  # this engine's names: rows, and no note
-    assert rc == 0 and "(no rows)" not in out and err == ""
+    rc, out, err = _run(capsys, "query", "host_gaps", "--db", db)  # this engine's names: rows, and which auto chose
+    assert rc == 0 and "(no rows)" not in out
+    assert err == ("itertrace: note: mapping: auto chose this engine's `step` ranges: 544 step ranges named 'step' "
+                   "(the same explicitly: --param preset=itertrace)\n")
 
 
 def test_a_failed_install_writes_nothing(capsys, run_only_db, tmp_path):

@@ -1,0 +1,434 @@
+-- GPU time: per GPU and process, the capture window split exactly into busy and idle, and the idle time by kind and by what the host was doing.
+--
+-- Notes. The capture window runs from the first to the last instant the capture recorded (an NVTX
+-- range or mark, a CUDA API call, a GPU operation), the same for every GPU. A GPU (device id) and
+-- process using it is busy where any of the process's kernels, memcpys or memsets runs on that
+-- device, on any stream: the union of their intervals, so overlapping work counts once. The rest of
+-- the window is idle, and is split by the process's iterations (their device intervals, from
+-- iterations.sql and the mapping): idle `within` an iteration lies inside an iteration's device
+-- interval, between its GPU work; `between` iterations lies after the device work of every
+-- iteration so far and before the next iteration's device start; `outside` lies before the first
+-- iteration or after the last, and is all idle time when the mapping finds no iteration. Each idle
+-- span names the iteration it lies in or after: within, the iteration whose device interval started
+-- last at or before it; between and after the last, the iteration whose device work ended last
+-- before it; before the first, none. The parts always add up to the window, to the nanosecond.
+--
+-- gpu_idle_parts splits every idle span by the host activity of its process (host_activity.sql: an
+-- NVTX leaf range on any thread, else the CUDA API call in flight on a launching thread), and what no
+-- host interval covers is `unattributed`, so a span's parts add up to the span. All of it is
+-- computed with sort-based joins: busy time and idle spans by running windows over each device's
+-- work in start order, and each intersection of two sets of disjoint intervals by two ASOF joins
+-- (an interval of one set starting inside one of the other, or the other way round), as
+-- host_gaps.sql does.
+
+-- The capture window; querying it fails with a message when the capture holds no GPU work.
+CREATE VIEW _gpu_time_window AS
+WITH
+  extents AS (
+    SELECT min(start_ns) AS lo, max(end_ns) AS hi FROM gpu_ops
+    UNION ALL SELECT min(start_ns), max(coalesce(end_ns, start_ns)) FROM nvtx_ranges
+    UNION ALL SELECT min(ts_ns), max(ts_ns) FROM nvtx_marks
+    UNION ALL SELECT min(start_ns), max(end_ns) FROM cuda_api
+  )
+SELECT
+  CASE WHEN NOT EXISTS (SELECT 1 FROM gpu_ops)
+    THEN error('no GPU work in this capture (gpu_ops is empty: no kernel, memcpy or memset was recorded), so there '
+               || 'is no GPU time to account; capture with CUDA tracing (nsys profile --trace=cuda,nvtx ...)')
+    ELSE min(lo) END AS start_ns,
+  max(hi) AS end_ns
+FROM extents;
+
+-- The (device, process) pairs that ran GPU work.
+CREATE VIEW _gpu_time_gpus AS
+SELECT DISTINCT device_id, global_pid FROM gpu_ops;
+
+-- GPU operations of positive length in start order on their device, each with the latest end
+-- among the operations before it (NULL for the first).
+CREATE VIEW _gpu_time_ops AS
+SELECT
+  device_id,
+  global_pid,
+  start_ns,
+  end_ns,
+  max(end_ns) OVER (PARTITION BY device_id, global_pid ORDER BY start_ns, end_ns
+                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS busy_until_ns
+FROM gpu_ops
+WHERE end_ns > start_ns;
+
+-- Idle gaps per GPU: before its first work, between its busy periods, after its last work.
+CREATE VIEW _gpu_time_gaps AS
+WITH
+  spans AS (
+    SELECT device_id, global_pid, min(start_ns) AS first_ns, max(end_ns) AS last_ns
+    FROM _gpu_time_ops
+    GROUP BY ALL
+  ),
+  edges AS (
+    SELECT g.device_id, g.global_pid, w.start_ns AS window_start_ns, w.end_ns AS window_end_ns, s.first_ns, s.last_ns
+    FROM _gpu_time_gpus AS g
+    CROSS JOIN _gpu_time_window AS w
+    LEFT JOIN spans AS s USING (device_id, global_pid)
+  )
+SELECT device_id, global_pid, busy_until_ns AS start_ns, start_ns AS end_ns
+FROM _gpu_time_ops
+WHERE start_ns > busy_until_ns
+UNION ALL
+SELECT device_id, global_pid, window_start_ns, coalesce(first_ns, window_end_ns) FROM edges
+WHERE coalesce(first_ns, window_end_ns) > window_start_ns
+UNION ALL
+SELECT device_id, global_pid, last_ns, window_end_ns FROM edges WHERE window_end_ns > last_ns;
+
+-- Per process, the window cut into consecutive segments by its iterations' device intervals, each
+-- labelled within, between or outside and with the iteration it lies in or after.
+CREATE VIEW _gpu_time_segments AS
+WITH
+  processes AS (SELECT DISTINCT global_pid FROM _gpu_time_gpus),
+  device AS (
+    SELECT global_pid, iteration, range_id, device_start_ns AS start_ns, device_end_ns AS end_ns
+    FROM _iterations_device
+    WHERE device_start_ns IS NOT NULL AND global_pid IN (SELECT global_pid FROM processes)
+  ),
+  ordered AS (
+    SELECT
+      *,
+      lead(start_ns) OVER w AS next_start_ns,
+      max(end_ns) OVER (w ROWS UNBOUNDED PRECEDING) AS busy_until_ns,
+      arg_max(iteration, {'end_ns': end_ns, 'start_ns': start_ns, 'range_id': range_id})
+        OVER (w ROWS UNBOUNDED PRECEDING) AS ended_last
+    FROM device
+    WINDOW w AS (PARTITION BY global_pid ORDER BY start_ns, end_ns, range_id)
+  ),
+  firsts AS (
+    SELECT p.global_pid, w.start_ns AS window_start_ns, w.end_ns AS window_end_ns, min(d.start_ns) AS first_ns
+    FROM processes AS p
+    CROSS JOIN _gpu_time_window AS w
+    LEFT JOIN device AS d USING (global_pid)
+    GROUP BY ALL
+  ),
+  segments AS (
+    SELECT global_pid, start_ns, least(coalesce(next_start_ns, busy_until_ns), busy_until_ns) AS end_ns,
+           'within' AS kind, iteration
+    FROM ordered
+    UNION ALL
+    SELECT global_pid, busy_until_ns, next_start_ns, 'between', ended_last FROM ordered
+    WHERE next_start_ns > busy_until_ns
+    UNION ALL
+    SELECT o.global_pid, o.busy_until_ns, f.window_end_ns, 'outside', o.ended_last
+    FROM ordered AS o JOIN firsts AS f USING (global_pid)
+    WHERE o.next_start_ns IS NULL
+    UNION ALL
+    SELECT global_pid, window_start_ns, coalesce(first_ns, window_end_ns), 'outside', NULL FROM firsts
+  )
+SELECT s.*, g.device_id
+FROM segments AS s
+JOIN _gpu_time_gpus AS g USING (global_pid)
+WHERE s.end_ns > s.start_ns;
+
+-- Idle spans, unordered: each gap cut where the segments of its process change.
+CREATE VIEW _gpu_time_idle AS
+WITH
+  segments AS MATERIALIZED (SELECT * FROM _gpu_time_segments),
+  gaps AS MATERIALIZED (SELECT * FROM _gpu_time_gaps)
+SELECT i.device_id, i.global_pid, s.start_ns, least(s.end_ns, i.end_ns) AS end_ns, s.kind, s.iteration
+FROM segments AS s
+ASOF JOIN gaps AS i ON i.device_id = s.device_id AND i.global_pid = s.global_pid AND i.start_ns <= s.start_ns
+WHERE s.start_ns < i.end_ns
+UNION ALL
+SELECT i.device_id, i.global_pid, i.start_ns, least(s.end_ns, i.end_ns), s.kind, s.iteration
+FROM gaps AS i
+ASOF JOIN segments AS s ON s.device_id = i.device_id AND s.global_pid = i.global_pid AND s.start_ns < i.start_ns
+WHERE s.end_ns > i.start_ns;
+
+-- Every idle span of every GPU, by kind, with the iteration it lies in or after.
+CREATE VIEW gpu_time_idle (
+  -- CUDA device id (gpu_ops.device_id).
+  device_id,
+  -- Global id of the process whose GPU work this is (processes.global_pid).
+  global_pid,
+  -- Start of the span, in ns since the capture started.
+  start_ns,
+  -- End of the span.
+  end_ns,
+  -- end_ns - start_ns.
+  dur_ns,
+  -- 'within' (inside an iteration's device interval), 'between' (after the device work of every iteration so far, before the next one's) or 'outside' (before the first iteration, after the last, or no iteration mapping).
+  kind,
+  -- The iteration the span lies in (within) or after (between, outside after the last); NULL before the first.
+  iteration
+) AS
+SELECT device_id, global_pid, start_ns, end_ns, end_ns - start_ns, kind, iteration
+FROM _gpu_time_idle
+ORDER BY device_id, global_pid, start_ns;
+
+-- The parts of each idle span, unordered. One sweep per GPU through the starts and ends of its idle
+-- spans and of its process's host intervals (host_activity.sql), in time order: between two
+-- consecutive instants, whether an idle span is open (and which: the latest to start), and which host
+-- intervals are in flight (a bit each; the lowest wins). The winner's range or call is then the latest
+-- of its bit to start (one ASOF join, for the idle instants only); what no interval covers is left to
+-- each span's unattributed part.
+CREATE VIEW _gpu_idle_parts AS
+WITH
+  idle AS MATERIALIZED (SELECT * FROM _gpu_time_idle),
+  intervals AS MATERIALIZED (
+    SELECT h.*, g.device_id FROM _host_activity_intervals AS h JOIN _gpu_time_gpus AS g USING (global_pid)
+  ),
+  deltas AS (
+    SELECT device_id, global_pid, start_ns AS ts, 1::BIGINT << bit AS host, 0 AS open FROM intervals
+    UNION ALL
+    SELECT device_id, global_pid, end_ns, -(1::BIGINT << bit), 0 FROM intervals
+    UNION ALL
+    SELECT device_id, global_pid, start_ns, 0, 1 FROM idle
+    UNION ALL
+    SELECT device_id, global_pid, end_ns, 0, -1 FROM idle
+  ),
+  swept AS (
+    -- a RANGE frame takes every delta of the instant, so each sum is the state just after it
+    SELECT
+      device_id,
+      global_pid,
+      ts,
+      lead(ts) OVER (PARTITION BY device_id, global_pid ORDER BY ts) AS next_ts,
+      sum(host) OVER w AS in_flight,
+      sum(open) OVER w AS idle_open,
+      max(CASE WHEN open = 1 THEN ts END) OVER w AS idle_start_ns
+    FROM deltas
+    WINDOW w AS (PARTITION BY device_id, global_pid ORDER BY ts RANGE UNBOUNDED PRECEDING)
+  ),
+  won AS (
+    SELECT device_id, global_pid, idle_start_ns, ts, next_ts - ts AS dur_ns,
+           bit_count((in_flight & -in_flight) - 1)::INTEGER AS bit
+    FROM swept
+    WHERE next_ts > ts AND idle_open = 1 AND in_flight <> 0
+  ),
+  attributed AS (
+    SELECT w.device_id, w.global_pid, w.idle_start_ns AS start_ns, i.global_tid, i.cause_id, sum(w.dur_ns)::BIGINT AS dur_ns
+    FROM won AS w
+    ASOF JOIN intervals AS i
+      ON i.device_id = w.device_id AND i.global_pid = w.global_pid AND i.bit = w.bit AND i.start_ns <= w.ts
+    GROUP BY ALL
+  ),
+  covered AS (
+    SELECT device_id, global_pid, start_ns, sum(dur_ns) AS dur_ns FROM attributed GROUP BY ALL
+  )
+SELECT p.device_id, p.global_pid, p.start_ns, p.end_ns, p.kind, p.iteration, c.cause_kind, c.cause, a.global_tid,
+       a.dur_ns, 0 AS last
+FROM attributed AS a
+JOIN idle AS p USING (device_id, global_pid, start_ns)
+JOIN _host_activity_causes AS c ON c.cause_id = a.cause_id
+UNION ALL
+SELECT p.device_id, p.global_pid, p.start_ns, p.end_ns, p.kind, p.iteration, 'unattributed', 'unattributed', NULL,
+       (p.end_ns - p.start_ns - coalesce(c.dur_ns, 0))::BIGINT, 1
+FROM idle AS p
+LEFT JOIN covered AS c USING (device_id, global_pid, start_ns);
+
+-- Each idle span split by what the host was doing meanwhile; a span's parts add up to its length.
+CREATE VIEW gpu_idle_parts (
+  -- CUDA device id (gpu_ops.device_id).
+  device_id,
+  -- Global id of the process whose GPU work this is.
+  global_pid,
+  -- Start of the idle span (gpu_time_idle.start_ns).
+  idle_start_ns,
+  -- End of the idle span.
+  idle_end_ns,
+  -- Kind of the idle span: within, between or outside (gpu_time_idle.kind).
+  kind,
+  -- The iteration the span lies in or after (gpu_time_idle.iteration).
+  iteration,
+  -- 'nvtx' (an NVTX leaf range), 'cuda_sync', 'cuda_launch', 'cuda_memcpy', 'cuda_other' (the CUDA API call in flight on a launching thread), or 'unattributed'.
+  cause_kind,
+  -- The leaf's phase name or the API function's name; 'unattributed' for time no host interval covers.
+  cause,
+  -- The thread the cause ran on; NULL for unattributed.
+  global_tid,
+  -- Time of the span with this cause; every span has an unattributed row, possibly 0.
+  dur_ns
+) AS
+SELECT device_id, global_pid, start_ns, end_ns, kind, iteration, cause_kind, cause, global_tid, dur_ns
+FROM _gpu_idle_parts
+ORDER BY device_id, global_pid, start_ns, last, cause_kind, cause, global_tid;
+
+-- Per GPU and process using it: the window split into busy and idle, and the idle by kind.
+CREATE VIEW gpu_time (
+  -- CUDA device id (gpu_ops.device_id).
+  device_id,
+  -- Global id of the process whose GPU work this is (processes.global_pid).
+  global_pid,
+  -- Operating-system process id.
+  pid,
+  -- Start of the capture window: the first instant the capture recorded, in ns since it started.
+  window_start_ns,
+  -- End of the capture window: the last instant the capture recorded.
+  window_end_ns,
+  -- window_end_ns - window_start_ns = busy_ns + idle_ns.
+  window_ns,
+  -- GPU operations (kernels, memcpys, memsets) of this process on this device.
+  gpu_ops,
+  -- Time any of them ran: the union of their intervals on all streams.
+  busy_ns,
+  -- window_ns - busy_ns = idle_within_ns + idle_between_ns + idle_outside_ns.
+  idle_ns,
+  -- Idle time inside iterations' device intervals.
+  idle_within_ns,
+  -- Idle time between iterations.
+  idle_between_ns,
+  -- Idle time outside iterations (before the first, after the last, or all of it without an iteration mapping).
+  idle_outside_ns,
+  -- busy_ns / window_ns (0 to 1).
+  busy_share,
+  -- Iterations of this process with a device interval (iterations.sql).
+  iterations
+) AS
+WITH
+  busy AS (
+    SELECT device_id, global_pid,
+           sum(greatest(end_ns - greatest(start_ns, coalesce(busy_until_ns, start_ns)), 0))::BIGINT AS busy_ns
+    FROM _gpu_time_ops
+    GROUP BY ALL
+  ),
+  ops AS (SELECT device_id, global_pid, count(*) AS gpu_ops FROM gpu_ops GROUP BY ALL),
+  idle AS (
+    SELECT device_id, global_pid,
+           sum(end_ns - start_ns) FILTER (WHERE kind = 'within')::BIGINT AS within_ns,
+           sum(end_ns - start_ns) FILTER (WHERE kind = 'between')::BIGINT AS between_ns,
+           sum(end_ns - start_ns) FILTER (WHERE kind = 'outside')::BIGINT AS outside_ns
+    FROM _gpu_time_idle
+    GROUP BY ALL
+  ),
+  its AS (
+    SELECT global_pid, count(*) AS iterations FROM _iterations_device WHERE device_start_ns IS NOT NULL GROUP BY ALL
+  )
+SELECT
+  g.device_id,
+  g.global_pid,
+  (g.global_pid >> 24) & 16777215,
+  w.start_ns,
+  w.end_ns,
+  w.end_ns - w.start_ns,
+  o.gpu_ops,
+  coalesce(b.busy_ns, 0),
+  w.end_ns - w.start_ns - coalesce(b.busy_ns, 0),
+  coalesce(i.within_ns, 0),
+  coalesce(i.between_ns, 0),
+  coalesce(i.outside_ns, 0),
+  coalesce(b.busy_ns, 0) / nullif(w.end_ns - w.start_ns, 0),
+  coalesce(t.iterations, 0)
+FROM _gpu_time_gpus AS g
+CROSS JOIN _gpu_time_window AS w
+JOIN ops AS o USING (device_id, global_pid)
+LEFT JOIN busy AS b USING (device_id, global_pid)
+LEFT JOIN idle AS i USING (device_id, global_pid)
+LEFT JOIN its AS t USING (global_pid)
+ORDER BY g.device_id, g.global_pid;
+
+-- Per GPU and cause, the idle time it took: what the host was doing while each GPU sat idle.
+CREATE VIEW gpu_time_causes (
+  -- CUDA device id.
+  device_id,
+  -- Global id of the process.
+  global_pid,
+  -- gpu_idle_parts.cause_kind.
+  cause_kind,
+  -- gpu_idle_parts.cause.
+  cause,
+  -- Idle time with this cause.
+  idle_ns,
+  -- idle_ns as a share of the GPU's idle time (0 to 1).
+  idle_share,
+  -- Of it, idle time within iterations.
+  within_ns,
+  -- Of it, idle time between iterations.
+  between_ns,
+  -- Of it, idle time outside iterations.
+  outside_ns,
+  -- Idle spans with some time of this cause.
+  spans
+) AS
+WITH
+  causes AS (
+    SELECT device_id, global_pid, cause_kind, cause, sum(dur_ns)::BIGINT AS idle_ns,
+           sum(dur_ns) FILTER (WHERE kind = 'within')::BIGINT AS within_ns,
+           sum(dur_ns) FILTER (WHERE kind = 'between')::BIGINT AS between_ns,
+           sum(dur_ns) FILTER (WHERE kind = 'outside')::BIGINT AS outside_ns,
+           count(*) FILTER (WHERE dur_ns > 0) AS spans
+    FROM _gpu_idle_parts
+    GROUP BY ALL
+  )
+SELECT device_id, global_pid, cause_kind, cause, idle_ns,
+       idle_ns / nullif(sum(idle_ns) OVER (PARTITION BY device_id, global_pid), 0),
+       coalesce(within_ns, 0), coalesce(between_ns, 0), coalesce(outside_ns, 0), spans
+FROM causes
+WHERE idle_ns > 0
+ORDER BY device_id, global_pid, idle_ns DESC, cause_kind, cause;
+
+-- One row per GPU and process: busy and idle shares of the window, and the largest idle causes.
+CREATE VIEW gpu_time_summary (
+  -- CUDA device id.
+  device_id,
+  -- Global id of the process.
+  global_pid,
+  -- The capture window (gpu_time.window_ns).
+  window_ns,
+  -- Share of the window the GPU was busy (0 to 1).
+  busy_share,
+  -- Share of the window it sat idle within iterations.
+  idle_within_share,
+  -- Share of the window it sat idle between iterations.
+  idle_between_share,
+  -- Share of the window it sat idle outside iterations.
+  idle_outside_share,
+  -- Kind of the cause that took the most idle time (gpu_time_causes.cause_kind).
+  top_cause_kind,
+  -- That cause.
+  top_cause,
+  -- Its share of the GPU's idle time (0 to 1).
+  top_cause_share,
+  -- The three largest causes, each as 'cause (kind): share of idle time'.
+  top_causes
+) AS
+WITH
+  ranked AS (
+    SELECT *, row_number() OVER (PARTITION BY device_id, global_pid ORDER BY idle_ns DESC, cause_kind, cause) AS position
+    FROM gpu_time_causes
+  ),
+  tops AS (
+    SELECT device_id, global_pid,
+           any_value(cause_kind) FILTER (WHERE position = 1) AS cause_kind,
+           any_value(cause) FILTER (WHERE position = 1) AS cause,
+           any_value(idle_share) FILTER (WHERE position = 1) AS share,
+           list(cause || ' (' || cause_kind || '): ' || round(100 * idle_share, 1)::VARCHAR || '%' ORDER BY position)
+             FILTER (WHERE position <= 3) AS top_causes
+    FROM ranked
+    GROUP BY ALL
+  )
+SELECT t.device_id, t.global_pid, t.window_ns, t.busy_share,
+       t.idle_within_ns / nullif(t.window_ns, 0), t.idle_between_ns / nullif(t.window_ns, 0),
+       t.idle_outside_ns / nullif(t.window_ns, 0), c.cause_kind, c.cause, c.share, c.top_causes
+FROM gpu_time AS t
+LEFT JOIN tops AS c USING (device_id, global_pid)
+ORDER BY t.device_id, t.global_pid;
+
+-- GPU operations by name: which kernels (and copies) took the GPU's time.
+CREATE VIEW gpu_time_kernels (
+  -- 'kernel', 'memcpy' or 'memset'.
+  kind,
+  -- The kernel's short name (gpu_ops.short_name), else the operation's name.
+  name,
+  -- Operations of this name.
+  ops,
+  -- Devices they ran on.
+  gpus,
+  -- Their summed durations (overlapping operations each count whole).
+  total_ns,
+  -- total_ns as a share of the summed durations of all GPU operations (0 to 1).
+  share,
+  -- Mean duration.
+  mean_ns,
+  -- Longest one.
+  max_ns
+) AS
+SELECT kind, coalesce(short_name, name), count(*), count(DISTINCT device_id), sum(dur_ns)::BIGINT,
+       sum(dur_ns) / nullif(sum(sum(dur_ns)) OVER (), 0), avg(dur_ns), max(dur_ns)
+FROM gpu_ops
+GROUP BY kind, coalesce(short_name, name)
+ORDER BY sum(dur_ns) DESC, 2;

@@ -1,0 +1,82 @@
+"""GPU time chart functions: their specs on small tables, and how they bin a large one."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pyarrow as pa
+import pytest
+
+from itertrace.dashboards import gpu_time_chart, idle_causes_chart, kernels_chart
+
+MS = 1_000_000
+
+
+def dataset(chart) -> list[dict]:
+    spec = chart.to_dict()
+    return next(iter(spec["datasets"].values()))
+
+
+def idle(rows: list[tuple[int, int, int, str]], device: int = 0) -> pa.Table:
+    return pa.table({"device_id": [device] * len(rows), "global_pid": [7 << 24] * len(rows),
+                     "start_ns": [r[0] for r in rows], "end_ns": [r[1] for r in rows],
+                     "dur_ns": [r[1] - r[0] for r in rows], "kind": [r[3] for r in rows],
+                     "iteration": [r[2] for r in rows]})
+
+
+def window(lo: int, hi: int, devices: int = 1) -> pa.Table:
+    return pa.table({"device_id": list(range(devices)), "global_pid": [7 << 24] * devices,
+                     "window_start_ns": [lo] * devices, "window_end_ns": [hi] * devices})
+
+
+def test_gpu_time_chart_shares_per_bin_are_exact_and_add_up_to_one():
+    spans = idle([(0, 25 * MS, None, "outside"), (40 * MS, 60 * MS, 0, "between"), (70 * MS, 75 * MS, 1, "within")])
+    chart = gpu_time_chart(spans, window(0, 100 * MS), max_points=40)  # 10 bins of 10 ms
+    spec = chart.to_dict()
+    assert spec["mark"]["type"] == "area" and spec["encoding"]["y"]["stack"] == "zero"
+    rows = dataset(chart)
+    assert len(rows) == 10 * 4
+    share = {(r["start_ms"], r["kind"]): r["share"] for r in rows}
+    assert share[0.0, "idle outside iterations"] == 1.0 and share[20.0, "idle outside iterations"] == 0.5
+    assert share[20.0, "busy"] == 0.5 and share[40.0, "idle between iterations"] == 1.0
+    assert share[70.0, "idle within an iteration"] == 0.5 and share[90.0, "busy"] == 1.0
+    sums = defaultdict(float)
+    for r in rows:
+        sums[r["start_ms"]] += r["share"]
+    assert all(v == pytest.approx(1.0) for v in sums.values())
+
+
+def test_gpu_time_chart_of_many_spans_embeds_at_most_max_points_rows_one_row_per_gpu():
+    n = 200_000
+    spans = pa.concat_tables([idle([(i * 1000, i * 1000 + 400, i, "within") for i in range(n)], device=d)
+                              for d in (0, 1)])
+    chart = gpu_time_chart(spans, window(0, n * 1000, devices=2), max_points=4000)
+    rows = dataset(chart)
+    assert len(rows) <= 4000 and {r["gpu"] for r in rows} == {"GPU 0, pid 7", "GPU 1, pid 7"}
+    assert chart.to_dict()["encoding"]["row"]["field"] == "gpu"
+    idle_share = [r["share"] for r in rows if r["kind"] == "idle within an iteration"]
+    assert idle_share and all(s == pytest.approx(0.4) for s in idle_share)
+
+
+def test_idle_causes_chart_keeps_the_largest_causes_split_by_kind():
+    causes = pa.table({"cause_kind": ["nvtx", "cuda_sync", "unattributed", "nvtx"],
+                       "cause": ["sample", "cudaStreamSynchronize", "unattributed", "schedule"],
+                       "within_ns": [0, 5 * MS, 1 * MS, 0], "between_ns": [8 * MS, 0, 2 * MS, 1 * MS],
+                       "outside_ns": [0, 0, 3 * MS, 0]})
+    chart = idle_causes_chart(causes, max_causes=3)
+    rows = dataset(chart)
+    assert {r["cause"] for r in rows} == {"sample (nvtx)", "unattributed (unattributed)",
+                                          "cudaStreamSynchronize (cuda_sync)"}
+    assert chart.to_dict()["encoding"]["y"]["sort"] == ["sample (nvtx)", "unattributed (unattributed)",
+                                                        "cudaStreamSynchronize (cuda_sync)"]
+    assert sum(r["ms"] for r in rows if r["cause"] == "unattributed (unattributed)") == 6.0
+
+
+def test_kernels_chart_shortens_long_names_and_keeps_the_full_one_for_the_tooltip():
+    long = "void cutlass::Kernel<" + "x" * 100 + ">"
+    kernels = pa.table({"kind": ["kernel", "memcpy"], "name": [long, "[CUDA memcpy Host-to-Device]"], "ops": [3, 1],
+                        "total_ns": [9 * MS, MS], "share": [0.9, 0.1], "mean_ns": [3 * MS, MS]})
+    chart = kernels_chart(kernels)
+    rows = dataset(chart)
+    assert [r["label"] for r in rows] == [long[:67] + "...", "[CUDA memcpy Host-to-Device]"]
+    assert rows[0]["name"] == long and rows[0]["total_ms"] == 9.0
+    assert chart.to_dict()["mark"]["type"] == "bar"
