@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,12 +15,14 @@ from pathlib import Path
 
 import duckdb
 
-from itertrace.errors import UserError, no_folder_for
+from itertrace.errors import UserError
 from itertrace.ingest.arrow_io import first_line
 from itertrace.ingest.loader import LoadContext, Loader
 from itertrace.ingest.nsys_loader import NsysLoader
 from itertrace.ingest.progress import Progress
 from itertrace.ingest.rundir_loader import RunDirLoader
+from itertrace.targets import (Kind, check_not_held, hidden, hidden_folder, is_kind, remove_leftovers, replaceable,
+                               write_failure)
 
 # Files this DuckDB writes can be opened by DuckDB 1.0 and newer, not only by the writing version.
 STORAGE_COMPATIBILITY = "v1.0.0"
@@ -78,35 +79,42 @@ def ingest(
     groups = _group(plan)
     for loader, claimed in groups:
         loader.check(claimed)
-    _check_target(target, paths)
+    target = _check_target(target, paths)
+    remove_leftovers(target)  # of ingests killed before they could clean up
     progress = progress if progress is not None else Progress(enabled=False)
-    building = target.with_name(f".{target.name}.{os.getpid()}.ingest")
+    building = hidden(target, "ingest")
     _remove_database(building)
     try:
-        workdir = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".work", dir=target.parent))
-    except OSError as exc:
-        raise UserError(f"{target}: cannot write in {target.parent} ({exc.strerror})")
-    try:
-        con = _connect(building, options)
+        workdir = hidden_folder(target, "work")
         try:
-            ctx = LoadContext(con, workdir, options.batch_rows, progress)
-            con.begin()  # one transaction: the temporary file already makes the ingest all-or-nothing
-            for path, loader in plan:
-                loader.load(path, ctx)
-            for loader, claimed in groups:
-                loader.finish(claimed, ctx)
-            con.commit()
-            rows = ctx.rows_written
-            notes = tuple(n for n in (_pairing_note(con),) if n)
+            con = _connect(building, options)
+            try:
+                ctx = LoadContext(con, workdir, options.batch_rows, progress)
+                con.begin()  # one transaction: the temporary file already makes the ingest all-or-nothing
+                for path, loader in plan:
+                    loader.load(path, ctx)
+                for loader, claimed in groups:
+                    loader.finish(claimed, ctx)
+                con.commit()
+                rows = ctx.rows_written
+                notes = tuple(n for n in (_pairing_note(con),) if n)
+                tables = _table_count(con)
+                con.execute("CHECKPOINT")  # everything into the file itself: a full disk fails here, not later
+            finally:
+                con.close()
+            _check_complete(building, tables)
+            check_not_held(target)  # again: the ingest took a while
+            os.replace(building, target)
         finally:
-            con.close()
-        os.replace(building, target)
+            shutil.rmtree(workdir, ignore_errors=True)
         target.with_name(target.name + ".wal").unlink(missing_ok=True)  # a log of the database replaced
-    except BaseException:
+    except BaseException as exc:
         _remove_database(building)
+        if why := write_failure(exc):
+            kept = "the database there is unchanged" if target.exists() else "nothing was written"
+            raise UserError(f"{target}: cannot write the database in {target.parent} ({why}); {kept}") from None
         raise
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
         progress.close()
     kinds = tuple(loader.kind for _, loader in plan)
     return IngestResult(target, tuple(paths), kinds, rows, clock() - started, notes)
@@ -176,26 +184,33 @@ def _group(plan: list[tuple[Path, Loader]]) -> list[tuple[Loader, list[Path]]]:
     return groups
 
 
-def _check_target(target: Path, sources: list[Path]) -> None:
+def _check_target(target: Path, sources: list[Path]) -> Path:
+    """The database file to write: a path `--db` may replace, and none of the sources."""
     if not sources:
         raise UserError("no sources to ingest")
-    if why := no_folder_for(target):
-        raise UserError(f"{target}: {why}")
-    if target.is_dir():
-        raise UserError(f"{target}: is a folder, not a database file")
     if any(target.resolve() == source.resolve() for source in sources):
         raise UserError(f"{target}: the database would overwrite one of the sources")
     for source in sources:  # a file inside a source folder, e.g. a run's events.parquet, is a source too
-        if source.is_dir() and source.resolve() in target.resolve().parents and not _is_database(target):
+        if source.is_dir() and source.resolve() in target.resolve().parents and target.is_file() and \
+                not is_kind(target, Kind.DATABASE):
             raise UserError(f"{target}: the database would overwrite a file of the source {source}")
+    return replaceable(target, Kind.DATABASE, "--db")
 
 
-def _is_database(path: Path) -> bool:
-    """Whether `path` is absent or a DuckDB file (which `--db` may replace): its header says DUCK at byte 8."""
-    if not path.exists():
-        return True
-    with path.open("rb") as f:
-        return f.read(12)[8:] == b"DUCK"
+def _table_count(con: duckdb.DuckDBPyConnection) -> int:
+    return con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database()").fetchall()[0][0]
+
+
+def _check_complete(path: Path, tables: int) -> None:
+    """That the database closed at `path` is whole in its file (no log left to replay) and holds `tables`
+    tables, before it replaces anything."""
+    wal = path.with_name(path.name + ".wal")
+    if wal.exists() and wal.stat().st_size:
+        raise UserError(f"{path}: DuckDB left {wal.stat().st_size:,} bytes of its log unwritten to the database")
+    with duckdb.connect(str(path), read_only=True) as con:
+        found = _table_count(con)
+    if found != tables:
+        raise UserError(f"{path}: the database written holds {found} tables, not {tables}")
 
 
 def _connect(path: Path, options: IngestOptions) -> duckdb.DuckDBPyConnection:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
@@ -43,9 +44,11 @@ def target(tmp_path) -> Path:
     """Where the database would go; holds an older database that a failed ingest must leave alone."""
     db = tmp_path / "out" / "trace.duckdb"
     db.parent.mkdir()
-    db.write_bytes(b"an earlier database")
+    with duckdb.connect(str(db)) as con:  # --db replaces only a DuckDB database
+        con.execute("CREATE TABLE earlier AS SELECT 1 AS x")
+    before = db.read_bytes()
     yield db
-    assert db.read_bytes() == b"an earlier database"
+    assert db.read_bytes() == before
     assert sorted(p.name for p in db.parent.iterdir()) == ["trace.duckdb"]  # no temporary file left
 
 
