@@ -46,8 +46,18 @@ def replaceable(path: Path, kind: Kind, flag: str) -> Path:
     """The file to write for `flag PATH` (symbolic links followed), after checking that it may be written:
     absent, or a regular file of `kind` (or empty), in a folder that exists and can be written, with a
     name short enough for the hidden file beside it; a database must not be open read-write elsewhere."""
-    path = Path(os.path.realpath(path)) if path.is_symlink() else path
+    try:
+        return _replaceable(path, kind, flag)
+    except OSError as exc:  # a folder that cannot be read, a loop of links
+        raise UserError(f"{flag} {path}: {exc.strerror}") from None
+
+
+def _replaceable(path: Path, kind: Kind, flag: str) -> Path:
     where = f"{flag} {path}"
+    _check_name_length(path, where)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
+        _check_name_length(path, where)
     if why := no_folder_for(path):
         raise UserError(f"{where}: {why}")
     if path.is_dir():
@@ -60,16 +70,21 @@ def replaceable(path: Path, kind: Kind, flag: str) -> Path:
         if path.stat().st_size and not is_kind(path, kind):
             raise UserError(f"{where}: holds something other than {kind.value}, so it is not replaced; remove "
                             "it or choose another name")
+    try:  # a read-only mount, an immutable folder, no permission: found before any work is done
+        hidden_file(path, "tmp").unlink()
+    except OSError as exc:
+        raise UserError(f"{where}: cannot write in {path.parent} ({exc.strerror})") from None
+    if kind is Kind.DATABASE:
+        check_not_held(path, flag)
+    return path
+
+
+def _check_name_length(path: Path, where: str) -> None:
     name_bytes = len(os.fsencode(path.name))
     name_max = _name_max(path.parent)
     if name_bytes + HIDDEN_NAME_EXTRA > name_max:
         raise UserError(f"{where}: file name too long ({name_bytes} bytes; this folder allows {name_max}, and "
                         f"the hidden file written beside it needs {HIDDEN_NAME_EXTRA} more)")
-    if not os.access(path.parent, os.W_OK | os.X_OK):
-        raise UserError(f"{where}: cannot write in {path.parent} ({_unwritable(path.parent)})")
-    if kind is Kind.DATABASE:
-        check_not_held(path, flag)
-    return path
 
 
 def is_kind(path: Path, kind: Kind) -> bool:
@@ -92,7 +107,7 @@ def is_kind(path: Path, kind: Kind) -> bool:
     lines = text.splitlines()
     if len(lines) > 1 and lines[1] and set(lines[1]) <= {"-", " "}:  # a text table's rule under its header
         return True
-    return _csv_like(text, complete=len(head) < _HEAD_BYTES)
+    return _csv_like(text, complete=len(head) < _HEAD_BYTES, named_csv=path.suffix.lower() == ".csv")
 
 
 def check_not_held(db: Path, flag: str = "--db") -> None:
@@ -168,15 +183,16 @@ def write_failure(exc: BaseException) -> str | None:
     return None
 
 
-def _csv_like(text: str, *, complete: bool) -> bool:
-    """Whether `text` reads as CSV rows that all have as many fields as the first (a header)."""
+def _csv_like(text: str, *, complete: bool, named_csv: bool) -> bool:
+    """Whether `text` reads as CSV rows that all have as many fields as the first (a header); lines of
+    text without commas read as one column, so a file of one column must be named .csv."""
     if not complete:
         text = text[: text.rfind("\n") + 1]  # the last line may be cut off
     try:
         rows = [row for row in csv.reader(io.StringIO(text)) if row]
     except csv.Error:
         return False
-    return bool(rows) and all(len(row) == len(rows[0]) for row in rows)
+    return bool(rows) and all(len(row) == len(rows[0]) for row in rows) and (len(rows[0]) > 1 or named_csv)
 
 
 def _special(mode: int) -> str:
@@ -193,18 +209,9 @@ def _special(mode: int) -> str:
 
 def _name_max(folder: Path) -> int:
     try:
-        return os.pathconf(folder, "PC_NAME_MAX")
+        return os.pathconf(folder if folder.is_dir() else "/", "PC_NAME_MAX")
     except (OSError, ValueError):
         return 255
-
-
-def _unwritable(folder: Path) -> str:
-    try:
-        if os.statvfs(folder).f_flag & os.ST_RDONLY:
-            return "read-only file system"
-    except OSError:
-        pass
-    return "permission denied"
 
 
 def _running(pid: int) -> bool:
