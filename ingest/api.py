@@ -16,6 +16,7 @@ from pathlib import Path
 import duckdb
 
 from itertrace.errors import UserError
+from itertrace.interrupts import interruptible
 from itertrace.ingest.arrow_io import first_line
 from itertrace.ingest.loader import LoadContext, Loader
 from itertrace.ingest.nsys_loader import NsysLoader
@@ -89,17 +90,9 @@ def ingest(
         try:
             con = _connect(building, options)
             try:
-                ctx = LoadContext(con, workdir, options.batch_rows, progress)
-                con.begin()  # one transaction: the temporary file already makes the ingest all-or-nothing
-                for path, loader in plan:
-                    loader.load(path, ctx)
-                for loader, claimed in groups:
-                    loader.finish(claimed, ctx)
-                con.commit()
-                rows = ctx.rows_written
-                notes = tuple(n for n in (_pairing_note(con),) if n)
-                tables = _table_count(con)
-                con.execute("CHECKPOINT")  # everything into the file itself: a full disk fails here, not later
+                with interruptible(con):  # Ctrl-C and SIGTERM reach DuckDB inside a long statement too
+                    rows, notes, tables = _load(con, plan, groups, LoadContext(con, workdir, options.batch_rows,
+                                                                               progress))
             finally:
                 con.close()
             _check_complete(building, tables)
@@ -118,6 +111,21 @@ def ingest(
         progress.close()
     kinds = tuple(loader.kind for _, loader in plan)
     return IngestResult(target, tuple(paths), kinds, rows, clock() - started, notes)
+
+
+def _load(con: duckdb.DuckDBPyConnection, plan: list[tuple[Path, Loader]], groups: list[tuple[Loader, list[Path]]],
+          ctx: LoadContext) -> tuple[int, tuple[str, ...], int]:
+    """Load every source in one transaction, checkpointed into the file: (rows, notes, tables)."""
+    con.begin()  # one transaction: the temporary file already makes the ingest all-or-nothing
+    for path, loader in plan:
+        loader.load(path, ctx)
+    for loader, claimed in groups:
+        loader.finish(claimed, ctx)
+    con.commit()
+    notes = tuple(n for n in (_pairing_note(con),) if n)
+    tables = _table_count(con)
+    con.execute("CHECKPOINT")  # everything into the file itself: a full disk fails here, not at close
+    return ctx.rows_written, notes, tables
 
 
 def _pairing_note(con: duckdb.DuckDBPyConnection) -> str | None:
@@ -220,7 +228,9 @@ def _connect(path: Path, options: IngestOptions) -> duckdb.DuckDBPyConnection:
     if options.threads:
         config["threads"] = options.threads
     try:
-        return duckdb.connect(str(path), config=config)
+        con = duckdb.connect(str(path), config=config)
+        con.execute("SET enable_progress_bar = false")  # ours is on stderr
+        return con
     except (duckdb.InvalidInputException, duckdb.ParserException) as exc:  # e.g. a memory limit it cannot parse
         settings = ", ".join(f"{key}={value}" for key, value in config.items())
         raise UserError(f"DuckDB refused the settings {settings} ({first_line(exc)})")

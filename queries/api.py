@@ -22,14 +22,35 @@ _CREATE = re.compile(r"^CREATE (MACRO|VIEW) ", re.IGNORECASE | re.MULTILINE)
 
 
 def connect(db: str | Path, *, read_only: bool = True) -> duckdb.DuckDBPyConnection:
-    """A connection to an existing DuckDB file; a missing or foreign file is a UserError."""
+    """A connection to an existing DuckDB file; a missing, foreign or locked file is a UserError."""
     path = Path(db)
     if not path.is_file():
         raise UserError(f"{path}: no such database (make one with `itertrace ingest SOURCE... --db {path}`)")
     try:
-        return duckdb.connect(str(path), read_only=read_only)
+        con = duckdb.connect(str(path), read_only=read_only)
     except duckdb.Error as exc:
+        if held := re.search(r"Conflicting lock is held in (.+?) \(PID (\d+)\)", str(exc)):
+            how = "read-write " if read_only else ""  # a writer waits for readers too
+            raise UserError(f"{path}: open {how}in process {held.group(2)} ({held.group(1)}); close it there "
+                            "first") from None
         raise UserError(f"{path}: not a DuckDB database this duckdb can open ({_first_line(exc)})") from None
+    con.execute("SET enable_progress_bar = false")  # DuckDB's bar would land in the rows written to stdout
+    return con
+
+
+def confine(con: duckdb.DuckDBPyConnection, writable: list[Path] | tuple[Path, ...] = ()) -> None:
+    """Hold `con` to what `itertrace sql` may do: read its database, write only the files in `writable`.
+
+    No other file is read or written (no COPY TO, EXPORT DATABASE, ATTACH or read_csv of a path), no
+    extension is installed or loaded (so no network: httpfs is one), and the configuration is locked
+    (no statement can undo this). The views and parameters are installed first; DuckDB may still spill
+    to its temporary directory. Irreversible for the connection.
+    """
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
+    con.execute("SET allowed_paths = ?", [[str(path) for path in writable]])
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
 
 
 # Why a database holds none of SOURCE_TABLES, for the commands that refuse it.
