@@ -18,8 +18,10 @@ import duckdb
 from itertrace.errors import UserError
 from itertrace.interrupts import interruptible
 from itertrace.ingest.arrow_io import first_line
+from itertrace.ingest.checks import empty_tables, unnamed_threads_note
 from itertrace.ingest.loader import LoadContext, Loader
-from itertrace.ingest.nsys_loader import NsysLoader
+from itertrace.ingest.normalize import normalized_tables
+from itertrace.ingest.nsys_loader import RAW_SCHEMA, NsysLoader
 from itertrace.ingest.progress import Progress
 from itertrace.ingest.rundir_loader import RunDirLoader
 from itertrace.targets import (Kind, check_not_held, hidden, hidden_folder, is_kind, remove_leftovers, replaceable,
@@ -48,6 +50,7 @@ class IngestResult:
     rows: int
     seconds: float
     notes: tuple[str, ...] = ()  # what looks wrong but may be meant (a run and a capture that look like two runs)
+    empty: tuple[str, ...] = ()  # normalized tables that came out with no rows (their sources were absent or empty)
 
     @property
     def rows_per_s(self) -> float:
@@ -91,8 +94,8 @@ def ingest(
             con = _connect(building, options)
             try:
                 with interruptible(con):  # Ctrl-C and SIGTERM reach DuckDB inside a long statement too
-                    rows, notes, tables = _load(con, plan, groups, LoadContext(con, workdir, options.batch_rows,
-                                                                               progress))
+                    rows, notes, empty, tables = _load(con, plan, groups,
+                                                       LoadContext(con, workdir, options.batch_rows, progress))
             finally:
                 con.close()
             _check_complete(building, tables)
@@ -110,22 +113,23 @@ def ingest(
     finally:
         progress.close()
     kinds = tuple(loader.kind for _, loader in plan)
-    return IngestResult(target, tuple(paths), kinds, rows, clock() - started, notes)
+    return IngestResult(target, tuple(paths), kinds, rows, clock() - started, notes, empty)
 
 
 def _load(con: duckdb.DuckDBPyConnection, plan: list[tuple[Path, Loader]], groups: list[tuple[Loader, list[Path]]],
-          ctx: LoadContext) -> tuple[int, tuple[str, ...], int]:
-    """Load every source in one transaction, checkpointed into the file: (rows, notes, tables)."""
+          ctx: LoadContext) -> tuple[int, tuple[str, ...], tuple[str, ...], int]:
+    """Load every source in one transaction, checkpointed into the file: (rows, notes, empty tables, tables)."""
     con.begin()  # one transaction: the temporary file already makes the ingest all-or-nothing
     for path, loader in plan:
         loader.load(path, ctx)
     for loader, claimed in groups:
         loader.finish(claimed, ctx)
     con.commit()
-    notes = tuple(n for n in (_pairing_note(con),) if n)
+    notes = tuple(n for n in (_pairing_note(con), unnamed_threads_note(con, RAW_SCHEMA)) if n)
+    empty = tuple(empty_tables(con, normalized_tables()))
     tables = _table_count(con)
     con.execute("CHECKPOINT")  # everything into the file itself: a full disk fails here, not at close
-    return ctx.rows_written, notes, tables
+    return ctx.rows_written, notes, empty, tables
 
 
 def _pairing_note(con: duckdb.DuckDBPyConnection) -> str | None:

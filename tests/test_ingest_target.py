@@ -20,6 +20,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 
+from export_closing import closing_tables
 from itertrace.cli import main
 
 MB = 1 << 20
@@ -44,6 +45,7 @@ def export(path: Path, rows: int, extra_tables: int = 0, seed: int = 1) -> Path:
                                      "value": pa.array([f"name{i}".encode() for i in range(100)], pa.binary())}),
               "NVTX_EVENTS": events()}
     tables.update({f"OSRT_API_{i}": events() for i in range(extra_tables)})
+    tables.update(closing_tables())
     with open(path, "wb") as sink:
         for name, table in tables.items():
             with ipc.new_stream(sink, table.schema.with_metadata({"table_name": name})) as writer:
