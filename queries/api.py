@@ -18,6 +18,7 @@ from itertrace.ingest.normalize import prefer_sort_based_joins
 from itertrace.ingest.sqldoc import comment_statements
 from itertrace.queries.catalog import SOURCE_TABLES, Query, all_params, modules, queries, requires
 
+_ERROR_KIND = re.compile(r"^[\w ]+ Error: ")  # DuckDB's "Binder Error: " before its message
 _CREATE = re.compile(r"^CREATE (MACRO|VIEW) ", re.IGNORECASE | re.MULTILINE)
 
 
@@ -66,7 +67,11 @@ class QueryDB:
         self.path = Path(db)
         self.con = con if con is not None else connect(self.path)
         prefer_sort_based_joins(self.con)
-        self.missing = install(self.con)
+        try:
+            self.missing = install(self.con)
+        except UserError as exc:
+            self.con.close()
+            raise UserError(f"{self.path}: {exc}") from None
         set_params(self.con, params or {})
 
     def __enter__(self) -> QueryDB:
@@ -133,9 +138,15 @@ def install(con: duckdb.DuckDBPyConnection, *, persist: bool = False) -> dict[st
     installed: set[str] = set()
     for mod in modules():
         for d in mod.definitions:
-            if any(t in missing for t in requires(d.name)[0]):
+            tables = requires(d.name)[0]
+            if any(t in missing for t in tables):
                 continue
-            con.execute(_CREATE.sub(lambda m: replace + m.group(1).upper() + " ", d.statement, count=1))
+            try:
+                con.execute(_CREATE.sub(lambda m: replace + m.group(1).upper() + " ", d.statement, count=1))
+            except duckdb.Error as exc:  # a table of that name, but not as `itertrace ingest` makes it
+                why = _ERROR_KIND.sub("", _first_line(exc))
+                raise UserError(f"{' or '.join(tables) or d.name} is not as `itertrace ingest` makes it: {d.name} "
+                                f"cannot be defined over it ({why})") from None
             installed.add(d.name)
         if persist:
             for statement in comment_statements(mod.sql):
