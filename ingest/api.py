@@ -17,7 +17,7 @@ from pathlib import Path
 import duckdb
 
 from itertrace.errors import UserError
-from itertrace.interrupts import interruptible
+from itertrace.interrupts import interruptible, quiet_progress
 from itertrace.ingest.arrow_io import first_line
 from itertrace.ingest.checks import empty_tables, unnamed_threads_note
 from itertrace.ingest.loader import LoadContext, Loader
@@ -248,7 +248,7 @@ def _connect(path: Path, options: IngestOptions) -> duckdb.DuckDBPyConnection:
         config["threads"] = options.threads
     try:
         con = duckdb.connect(str(path), config=config)
-        con.execute("SET enable_progress_bar = false")  # ours is on stderr
+        quiet_progress(con)  # ours is on stderr
         return con
     except (duckdb.InvalidInputException, duckdb.ParserException) as exc:  # e.g. a memory limit it cannot parse
         settings = ", ".join(f"{key}={value}" for key, value in config.items())

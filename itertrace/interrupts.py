@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM during a long DuckDB statement.
+"""DuckDB connections as the commands use them: interruptible inside a long statement, no progress bar.
 
 Python runs a signal handler on the main thread between two bytecodes, and a thread inside a long DuckDB
 task runs none until the task ends (a scan that finds few rows can run for minutes). While `interruptible`
@@ -47,3 +47,12 @@ def interruptible(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
         watcher.join()
         os.close(read_fd)
         os.close(write_fd)
+
+
+def quiet_progress(con: duckdb.DuckDBPyConnection) -> None:
+    """No DuckDB progress bar on `con`: the commands print their own, on stderr, and stdout carries rows.
+    (In Jupyter without ipywidgets DuckDB refuses to change the setting; the bar is off there anyway.)"""
+    try:
+        con.execute("SET enable_progress_bar = false")
+    except duckdb.Error:
+        pass

@@ -102,7 +102,7 @@ def is_kind(path: Path, kind: Kind) -> bool:
     if b"\x00" in head:
         return False
     text = head.decode("utf-8", errors="replace")
-    if text.lstrip().startswith("["):  # JSON: an array of row objects
+    if re.match(r"\s*\[\s*[{\]]", text):  # JSON: an array of row objects
         return tail.rstrip().endswith(b"]")
     lines = text.splitlines()
     if len(lines) > 1 and lines[1] and set(lines[1]) <= {"-", " "}:  # a text table's rule under its header

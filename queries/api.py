@@ -14,6 +14,7 @@ import duckdb
 import pyarrow as pa
 
 from itertrace.errors import UserError
+from itertrace.interrupts import quiet_progress
 from itertrace.ingest.normalize import prefer_sort_based_joins
 from itertrace.ingest.sqldoc import comment_statements
 from itertrace.queries.catalog import SOURCE_TABLES, Query, all_params, modules, queries, requires
@@ -35,7 +36,7 @@ def connect(db: str | Path, *, read_only: bool = True) -> duckdb.DuckDBPyConnect
             raise UserError(f"{path}: open {how}in process {held.group(2)} ({held.group(1)}); close it there "
                             "first") from None
         raise UserError(f"{path}: not a DuckDB database this duckdb can open ({_first_line(exc)})") from None
-    con.execute("SET enable_progress_bar = false")  # DuckDB's bar would land in the rows written to stdout
+    quiet_progress(con)  # DuckDB's bar would land in the rows written to stdout
     return con
 
 

@@ -44,7 +44,8 @@ class Case:
     argv: list[str]
     folder: Path  # where the command writes: checked for leftovers and lost files
     good: bool = False  # the input is fine: only exit 0 is clean
-    either: bool = False  # refusing and accepting are both clean (a corruption nothing can detect)
+    either: bool = False  # failing cleanly is clean too (a bit flip nothing can detect; a disk that may be full)
+    tables: int | None = None  # on success, the tables the database at `argv`'s --db must hold
     kill: tuple[int, float] | None = None  # (signal, seconds after the command's hidden file appears)
     then: list[str] | None = None  # after a kill: the next command to the same target, which must clean up
     keep: dict[str, bytes] = field(default_factory=dict)  # files in `folder` before, by name
@@ -60,6 +61,7 @@ class Tally:
     lost: int = 0
     leftovers: int = 0
     accepted: int = 0
+    exits: Counter = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)
 
 
@@ -97,6 +99,11 @@ def run(case: Case) -> tuple[int, str, list[str]]:
     lost = [name for name, data in case.keep.items()
             if proc.returncode != 0 and (not (case.folder / name).is_file() or (case.folder / name).read_bytes() != data)]
     lost += [str(path) for path in case.never if path.exists()]
+    if case.tables is not None and proc.returncode == 0:
+        db = Path(case.argv[case.argv.index("--db") + 1])
+        with duckdb.connect(str(db), read_only=True) as con:
+            if con.execute("SELECT count(*) FROM duckdb_tables()").fetchone()[0] != case.tables:
+                lost.append(f"{db.name} (incomplete)")
     if case.then:
         subprocess.run([*CLI, *case.then], capture_output=True)
     return proc.returncode, err, lost
@@ -104,6 +111,7 @@ def run(case: Case) -> tuple[int, str, list[str]]:
 
 def judge(case: Case, status: int, err: str, lost: list[str], tally: Tally) -> None:
     tally.cases += 1
+    tally.exits[status] += 1
     lines = err.strip().splitlines()
     if case.kill:  # the signal's own status, or 0 where the command ended first
         expected = {0, {signal.SIGKILL: -signal.SIGKILL, signal.SIGTERM: 143, signal.SIGINT: 130}[case.kill[0]]}
@@ -115,7 +123,7 @@ def judge(case: Case, status: int, err: str, lost: list[str], tally: Tally) -> N
         traceback = True
     left = [p.name for p in case.folder.iterdir() if p.name.startswith(".")]
     accepted = status == 0 and not case.good and case.kill is None
-    failed = case.good and case.kill is None and status != 0
+    failed = case.good and not case.either and case.kill is None and status != 0
     tally.tracebacks += traceback
     tally.lost += bool(lost)
     tally.leftovers += bool(left)
@@ -164,7 +172,7 @@ class Workspace:
         self.n += 1
         folder = self.root / f"case{self.n}"
         folder.mkdir()
-        if fs in ("full", "read-only") and not self._mount(folder, "4k"):
+        if fs and fs.split(":")[0] in ("full", "read-only") and not self._mount(folder, (fs + ":4k").split(":")[1]):
             return None
         for name, data in (keep or {}).items():
             (folder / name).write_bytes(data)
@@ -217,9 +225,10 @@ def cases(ws: Workspace, src: Path) -> list[Case]:
                  "sql --out": ("text", "database"), "report -o": ("text", "parquet", "database")}
         for kind in kinds.get(what, ()):
             add("2 targets of another kind", argv, name="target.out", keep={"target.out": others[kind]})
-    for fs in ("full",):
-        add("1 full disk over an old database", lambda t: ["ingest", str(big), "--db", str(t), "--quiet"], fs,
-            name="keep.duckdb", keep={})
+    for size in ("1m", "4m", "8m", "12m", "16m", "24m"):  # from no room for DuckDB's log to room for all
+        add("1 full disk over an old database", lambda t: ["ingest", str(big), "--db", str(t), "--quiet"],
+            f"full:{size}", name="keep.duckdb", keep={"keep.duckdb": old_db}, good=True, either=True,
+            tables=int((src / "big.tables").read_text()))
     for _ in range(2):
         held = ws.folder()
         out.append(Case("3 database held read-write", ["ingest", str(small), "--db", str(held / "held.duckdb")],
@@ -294,6 +303,9 @@ def prepare(src: Path) -> None:
         con.execute("CREATE TABLE keep_me AS SELECT 42 AS answer")
     arrow_export(src / "small.arrow", 50)
     arrow_export(src / "big.arrow", 200_000)
+    subprocess.run([*CLI, "ingest", str(src / "big.arrow"), "--db", str(src / "big.duckdb"), "--quiet"], check=True)
+    with duckdb.connect(str(src / "big.duckdb"), read_only=True) as con:
+        (src / "big.tables").write_text(str(con.execute("SELECT count(*) FROM duckdb_tables()").fetchone()[0]))
     pq.write_table(pa.table({"x": [1, 2, 3]}), src / "p.parquet")
     (src / "deep.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n")
     (src / "huge.jsonl").write_text('{"timestamp": 0, "input_length": 1e300, "output_length": 3}\n')
@@ -326,9 +338,11 @@ def main() -> int:
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)
     total = Counter()
-    print(f"{'category':<52} {'cases':>5} {'clean':>5} {'traceback':>9} {'lost':>4} {'left':>4} {'accepted':>8}")
+    print(f"{'category':<52} {'cases':>5} {'clean':>5} {'traceback':>9} {'lost':>4} {'left':>4} {'accepted':>8}  exits")
     for name, t in sorted(tallies.items(), key=lambda kv: int(re.match(r"\d+", kv[0]).group())):
-        print(f"{name:<52} {t.cases:>5} {t.clean:>5} {t.tracebacks:>9} {t.lost:>4} {t.leftovers:>4} {t.accepted:>8}")
+        exits = " ".join(f"{status}x{n}" for status, n in sorted(t.exits.items()))
+        print(f"{name:<52} {t.cases:>5} {t.clean:>5} {t.tracebacks:>9} {t.lost:>4} {t.leftovers:>4} {t.accepted:>8}  "
+              f"{exits}")
         total.update(cases=t.cases, clean=t.clean, tracebacks=t.tracebacks, lost=t.lost, leftovers=t.leftovers)
         for note in t.notes:
             print(f"    {note}")
