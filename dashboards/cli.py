@@ -45,11 +45,19 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     from itertrace.queries.cli import parse_params
 
+    from itertrace.targets import Kind, remove_leftovers, replaceable, write_failure
+
     if any(args.out.resolve() == db.resolve() for db in args.db):
         raise UserError(f"-o {args.out}: is one of the --db databases; write the report to another file")
-
+    out = replaceable(args.out, Kind.REPORT, "-o")  # before the seconds a report takes
+    remove_leftovers(out)
     report = build_report(args.db, args.label, title=args.title, params=parse_params(args.param))
-    written = write_report(report, args.out, png_dir=args.png)
+    try:
+        written = write_report(report, out, png_dir=args.png)
+    except OSError as exc:
+        if why := write_failure(exc):
+            raise UserError(f"-o {out}: cannot write {exc.filename or 'it'} ({why})") from None
+        raise
     if not args.quiet:
         pngs = f", {len(written.pngs)} PNGs in {args.png}" if written.pngs else ""
         print(f"itertrace: wrote {written.html} ({written.charts} charts, {written.tables} tables, "

@@ -7,8 +7,8 @@ so a failed ingest leaves no file behind and an existing database untouched.
 from __future__ import annotations
 
 import os
+import re
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,16 +16,26 @@ from pathlib import Path
 
 import duckdb
 
-from itertrace.errors import UserError, no_folder_for
+from itertrace.errors import UserError
+from itertrace.interrupts import interruptible, quiet_progress
 from itertrace.ingest.arrow_io import first_line
 from itertrace.ingest.kineto import KinetoLoader
+from itertrace.ingest.checks import empty_tables, unnamed_threads_note
 from itertrace.ingest.loader import LoadContext, Loader
-from itertrace.ingest.nsys_loader import NsysLoader
+from itertrace.ingest.normalize import normalized_tables
+from itertrace.ingest.nsys_loader import RAW_SCHEMA, NsysLoader
 from itertrace.ingest.progress import Progress
 from itertrace.ingest.rundir_loader import RunDirLoader
+from itertrace.targets import (Kind, check_not_held, hidden, hidden_folder, is_kind, remove_leftovers, replaceable,
+                               write_failure)
 
 # Files this DuckDB writes can be opened by DuckDB 1.0 and newer, not only by the writing version.
 STORAGE_COMPATIBILITY = "v1.0.0"
+# The least --memory-limit taken: 20 MB ran out of memory on a real 2-GPU export of 30k rows, 50 MB did not.
+MIN_MEMORY_LIMIT = 64 << 20
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?)\s*([kmgt]i?b|b|bytes)?\s*", re.IGNORECASE)
+_UNITS = {"b": 1, "bytes": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20,
+          "gib": 1 << 30, "tib": 1 << 40}
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,7 @@ class IngestResult:
     rows: int
     seconds: float
     notes: tuple[str, ...] = ()  # what looks wrong but may be meant (a run and a capture that look like two runs)
+    empty: tuple[str, ...] = ()  # normalized tables that came out with no rows (their sources were absent or empty)
 
     @property
     def rows_per_s(self) -> float:
@@ -79,38 +90,58 @@ def ingest(
     groups = _group(plan)
     for loader, claimed in groups:
         loader.check(claimed)
-    _check_target(target, paths)
+    target = _check_target(target, paths)
+    remove_leftovers(target)  # of ingests killed before they could clean up
     progress = progress if progress is not None else Progress(enabled=False)
-    building = target.with_name(f".{target.name}.{os.getpid()}.ingest")
+    building = hidden(target, "ingest")
     _remove_database(building)
     try:
-        workdir = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".work", dir=target.parent))
-    except OSError as exc:
-        raise UserError(f"{target}: cannot write in {target.parent} ({exc.strerror})")
-    try:
-        con = _connect(building, options)
+        workdir = hidden_folder(target, "work")
         try:
-            ctx = LoadContext(con, workdir, options.batch_rows, progress)
-            con.begin()  # one transaction: the temporary file already makes the ingest all-or-nothing
-            for path, loader in plan:
-                loader.load(path, ctx)
-            for loader, claimed in groups:
-                loader.finish(claimed, ctx)
-            con.commit()
-            rows = ctx.rows_written
-            notes = tuple(n for n in (_pairing_note(con),) if n)
+            con = _connect(building, options)
+            try:
+                with interruptible(con):  # Ctrl-C and SIGTERM reach DuckDB inside a long statement too
+                    rows, notes, empty, tables = _load(con, plan, groups,
+                                                       LoadContext(con, workdir, options.batch_rows, progress))
+            finally:
+                con.close()
+            _check_complete(building, tables)
+            check_not_held(target)  # again: the ingest took a while
+            os.replace(building, target)
         finally:
-            con.close()
-        os.replace(building, target)
+            shutil.rmtree(workdir, ignore_errors=True)
         target.with_name(target.name + ".wal").unlink(missing_ok=True)  # a log of the database replaced
-    except BaseException:
+    except BaseException as exc:
         _remove_database(building)
+        if isinstance(exc, duckdb.OutOfMemoryException):
+            under = f" under --memory-limit {options.memory_limit}" if options.memory_limit else ""
+            raise UserError(f"DuckDB ran out of memory{under} ({first_line(exc)}); "
+                            f"{'give it more, or leave the flag out' if under else 'free some memory'}; "
+                            f"{target} is unchanged") from None
+        if why := write_failure(exc):
+            kept = "the database there is unchanged" if target.exists() else "nothing was written"
+            raise UserError(f"{target}: cannot write the database in {target.parent} ({why}); {kept}") from None
         raise
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
         progress.close()
     kinds = tuple(loader.kind for _, loader in plan)
-    return IngestResult(target, tuple(paths), kinds, rows, clock() - started, notes)
+    return IngestResult(target, tuple(paths), kinds, rows, clock() - started, notes, empty)
+
+
+def _load(con: duckdb.DuckDBPyConnection, plan: list[tuple[Path, Loader]], groups: list[tuple[Loader, list[Path]]],
+          ctx: LoadContext) -> tuple[int, tuple[str, ...], tuple[str, ...], int]:
+    """Load every source in one transaction, checkpointed into the file: (rows, notes, empty tables, tables)."""
+    con.begin()  # one transaction: the temporary file already makes the ingest all-or-nothing
+    for path, loader in plan:
+        loader.load(path, ctx)
+    for loader, claimed in groups:
+        loader.finish(claimed, ctx)
+    con.commit()
+    notes = tuple(n for n in (_pairing_note(con), unnamed_threads_note(con, RAW_SCHEMA)) if n)
+    empty = tuple(empty_tables(con, normalized_tables()))
+    tables = _table_count(con)
+    con.execute("CHECKPOINT")  # everything into the file itself: a full disk fails here, not at close
+    return ctx.rows_written, notes, empty, tables
 
 
 def _pairing_note(con: duckdb.DuckDBPyConnection) -> str | None:
@@ -177,39 +208,58 @@ def _group(plan: list[tuple[Path, Loader]]) -> list[tuple[Loader, list[Path]]]:
     return groups
 
 
-def _check_target(target: Path, sources: list[Path]) -> None:
+def _check_target(target: Path, sources: list[Path]) -> Path:
+    """The database file to write: a path `--db` may replace, and none of the sources."""
     if not sources:
         raise UserError("no sources to ingest")
-    if why := no_folder_for(target):
-        raise UserError(f"{target}: {why}")
-    if target.is_dir():
-        raise UserError(f"{target}: is a folder, not a database file")
     if any(target.resolve() == source.resolve() for source in sources):
         raise UserError(f"{target}: the database would overwrite one of the sources")
     for source in sources:  # a file inside a source folder, e.g. a run's events.parquet, is a source too
-        if source.is_dir() and source.resolve() in target.resolve().parents and not _is_database(target):
+        if source.is_dir() and source.resolve() in target.resolve().parents and target.is_file() and \
+                not is_kind(target, Kind.DATABASE):
             raise UserError(f"{target}: the database would overwrite a file of the source {source}")
+    return replaceable(target, Kind.DATABASE, "--db")
 
 
-def _is_database(path: Path) -> bool:
-    """Whether `path` is absent or a DuckDB file (which `--db` may replace): its header says DUCK at byte 8."""
-    if not path.exists():
-        return True
-    with path.open("rb") as f:
-        return f.read(12)[8:] == b"DUCK"
+def _table_count(con: duckdb.DuckDBPyConnection) -> int:
+    return con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database()").fetchall()[0][0]
+
+
+def _check_complete(path: Path, tables: int) -> None:
+    """That the database closed at `path` is whole in its file (no log left to replay) and holds `tables`
+    tables, before it replaces anything."""
+    wal = path.with_name(path.name + ".wal")
+    if wal.exists() and wal.stat().st_size:
+        raise UserError(f"{path}: DuckDB left {wal.stat().st_size:,} bytes of its log unwritten to the database")
+    with duckdb.connect(str(path), read_only=True) as con:
+        found = _table_count(con)
+    if found != tables:
+        raise UserError(f"{path}: the database written holds {found} tables, not {tables}")
 
 
 def _connect(path: Path, options: IngestOptions) -> duckdb.DuckDBPyConnection:
     config: dict[str, str | int] = {"storage_compatibility_version": STORAGE_COMPATIBILITY}
     if options.memory_limit:
+        limit = memory_bytes(options.memory_limit)
+        if limit is not None and limit < MIN_MEMORY_LIMIT:
+            raise UserError(f"--memory-limit {options.memory_limit}: below the {MIN_MEMORY_LIMIT >> 20} MiB an ingest "
+                            "needs at least (DuckDB works in blocks of 256 KiB per thread and table)")
         config["memory_limit"] = options.memory_limit
     if options.threads:
         config["threads"] = options.threads
     try:
-        return duckdb.connect(str(path), config=config)
+        con = duckdb.connect(str(path), config=config)
+        quiet_progress(con)  # ours is on stderr
+        return con
     except (duckdb.InvalidInputException, duckdb.ParserException) as exc:  # e.g. a memory limit it cannot parse
         settings = ", ".join(f"{key}={value}" for key, value in config.items())
         raise UserError(f"DuckDB refused the settings {settings} ({first_line(exc)})")
+
+
+def memory_bytes(text: str) -> int | None:
+    """A size such as 2GB, 512MiB or 100000000 bytes in bytes (units as DuckDB reads them); None for other forms."""
+    found = _SIZE.fullmatch(text)
+    return int(float(found.group(1)) * _UNITS[(found.group(2) or "b").lower()]) if found else None
 
 
 def _remove_database(path: Path) -> None:

@@ -16,6 +16,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from itertrace.errors import UserError
+from itertrace.ingest.checks import check_arrow_export, check_table, table_name
 
 TABLE_SUFFIXES = (".arrow", ".parquet")
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # end-of-stream marker closing every IPC stream
@@ -46,12 +47,10 @@ def arrow_export_tables(path: Path) -> list[TableStream]:
                 rows = sum(batch.num_rows for batch in reader)  # zero-copy: reads message headers only
             except (pa.ArrowInvalid, OSError) as exc:
                 raise UserError(f"{path}: truncated or corrupt Arrow export at byte {offset} ({first_line(exc)})")
-            name = (reader.schema.metadata or {}).get(b"table_name")
-            if not name:
-                raise UserError(f"{path}: stream at byte {offset} has no table_name metadata; not an nsys Arrow export")
-            if any(table.name == name.decode() for table in tables):
-                raise UserError(f"{path}: table {name.decode()} appears twice")
-            tables.append(TableStream(name.decode(), path, reader.schema, rows, _stream_reader(path, offset)))
+            name = table_name((reader.schema.metadata or {}).get(b"table_name"), path, offset)
+            check_table(name, path, reader.schema, (table.name for table in tables))
+            tables.append(TableStream(name, path, reader.schema, rows, _stream_reader(path, offset)))
+    check_arrow_export(path, [table.name for table in tables])
     return tables
 
 
@@ -62,6 +61,7 @@ def folder_tables(folder: Path) -> list[TableStream]:
         table = _parquet_table(file) if file.suffix == ".parquet" else _arrow_file_table(file)
         if table.name in tables:
             raise UserError(f"{folder}: table {table.name} appears twice ({tables[table.name].file.name}, {file.name})")
+        check_table(table.name, file, table.schema, tables)
         tables[table.name] = table
     return list(tables.values())
 

@@ -80,8 +80,9 @@ def run(args: argparse.Namespace) -> int:
     result = ingest(args.sources, args.db, loaders=default_loaders(args.nsys), options=options, progress=progress)
     if not args.quiet:
         sources = f"{len(result.sources)} source{'s' if len(result.sources) != 1 else ''}"
+        empty = f"; empty: {', '.join(result.empty)}" if result.empty else ""
         print(f"itertrace: ingested {result.rows:,} rows from {sources} into {result.db} in {result.seconds:.1f} s "
-              f"({result.rows_per_s:,.0f} rows/s)", file=sys.stderr)
+              f"({result.rows_per_s:,.0f} rows/s){empty}", file=sys.stderr)
     for note in result.notes:
         print(f"itertrace: note: {note}", file=sys.stderr)
     return 0

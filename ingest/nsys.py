@@ -10,8 +10,10 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +38,8 @@ _IMPORTER_NOISE = re.compile(r"Importer error status:|Unable to retrieve the imp
                              r"\s+\S+\.qdstrm\s*$")
 _GENERATED = re.compile(r"Generated:\s*$")
 _QDSTRM_PATH = re.compile(r"\s+\S+\.qdstrm\s*$")
+# How long profile waits for nsys's agent to finish writing a capture once nsys itself has ended.
+AGENT_TIMEOUT_S = 120.0
 # No CPU sampling or context-switch tracing: these machines refuse them and the NVTX traces need neither.
 _QUIET_FLAGS = ("--sample=none", "--cpuctxsw=none")
 
@@ -202,9 +206,51 @@ def _run_nsys(args: list[str], env: Mapping[str, str] | None, log: TextIO | None
     too, but a SIGTERM (see itertrace.cli) only us, and otherwise we would wait for the command to end."""
     killed = threading.Event()
     piped = log is not None
-    with subprocess.Popen(args, env=env, stdout=subprocess.PIPE if piped else None,
-                          stderr=subprocess.STDOUT if piped else None, text=True, errors="replace",
-                          bufsize=1) as proc:
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE if piped else None,
+                            stderr=subprocess.STDOUT if piped else None, text=True, errors="replace", bufsize=1)
+    try:
+        returncode = _follow(proc, log, echo, timeout_s, killed)
+    finally:  # however it ended: nothing may remove the capture's folder while nsys's agent still writes in it
+        wait_for_agent(proc.pid)
+    if killed.is_set():
+        raise subprocess.TimeoutExpired(args, timeout_s)
+    return subprocess.CompletedProcess(args, returncode)
+
+
+def wait_for_agent(nsys_pid: int, timeout_s: float = AGENT_TIMEOUT_S) -> None:
+    """Return once the agent that `nsys profile` (process `nsys_pid`) started has exited, killing it after
+    `timeout_s`.
+
+    The agent (`nsys --start-agent --session-name=profile-...-PID`) leaves nsys's process tree (its
+    parent is init) and writes the capture's .qdstrm, tens of MB, after the nsys command itself has
+    ended, most of all when that command was stopped by a signal."""
+    deadline = time.monotonic() + timeout_s
+    while (agents := _agents(nsys_pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in agents:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _agents(nsys_pid: int) -> list[int]:
+    """The running nsys agents of the session that `nsys profile` (process `nsys_pid`) started."""
+    suffix = f"-{nsys_pid}".encode()
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:  # it has just ended
+            continue
+        if b"--start-agent" in args and any(a.startswith(b"--session-name=") and a.endswith(suffix) for a in args):
+            found.append(int(cmdline.parent.name))
+    return found
+
+
+def _follow(proc: subprocess.Popen, log: TextIO | None, echo: TextIO | None, timeout_s: float | None,
+            killed: threading.Event) -> int:
+    """Copy nsys's output as _run_nsys says until it exits; its exit status."""
+    piped = log is not None
+    with proc:
 
         def kill() -> None:
             killed.set()
@@ -233,9 +279,7 @@ def _run_nsys(args: list[str], env: Mapping[str, str] | None, log: TextIO | None
         finally:
             if timer is not None:
                 timer.cancel()
-    if killed.is_set():
-        raise subprocess.TimeoutExpired(args, timeout_s)
-    return subprocess.CompletedProcess(args, returncode)
+    return returncode
 
 
 def _import_qdstrm(qdstrm: Path, nsys: Nsys) -> None:

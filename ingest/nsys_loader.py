@@ -12,6 +12,7 @@ from typing import ClassVar
 
 from itertrace.errors import UserError
 from itertrace.ingest.arrow_io import TableStream, arrow_export_tables, folder_tables, table_files
+from itertrace.ingest.checks import check_raw_tables
 from itertrace.ingest.loader import LoadContext, quote
 from itertrace.ingest.normalize import build_normalized
 from itertrace.ingest.nsys import check_report, export_arrow, find_nsys, report_version
@@ -87,6 +88,7 @@ class NsysLoader:
     def finish(self, paths: list[Path], ctx: LoadContext) -> None:
         """Build the normalized tables from the raw tables of the capture."""
         path = paths[0]
+        check_raw_tables(ctx.con, RAW_SCHEMA, path)
         build_normalized(ctx.con, RAW_SCHEMA, str(path.resolve()), source_kind(path).value, ctx.progress)
 
 

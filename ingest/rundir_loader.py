@@ -91,6 +91,8 @@ def read_run_json(run_dir: Path) -> dict[str, Any]:
         raise UserError(f"{file}: missing {', '.join(missing)}; not a complete itertrace run.json")
     wrong = [f"{key} is {type(meta[key]).__name__}, expected {kind.__name__}" for key, kind in REQUIRED_META.items()
              if not isinstance(meta[key], kind) or (kind is int and isinstance(meta[key], bool))]
+    wrong += [f"{key} {meta[key]} does not fit a 64-bit integer" for key, kind in REQUIRED_META.items()
+              if kind is int and not wrong and not -(2**63) <= meta[key] < 2**63]
     if wrong:
         raise UserError(f"{file}: {'; '.join(wrong)}")
     return meta
@@ -148,7 +150,8 @@ def _write_meta(ctx: LoadContext, run_dir: Path, meta: dict[str, Any], rows: dic
         "clock_epoch_unix_ns": meta["clock_epoch_unix_ns"],
         "mode": _text(scheduler.get("mode")),
         "policy": _text(scheduler.get("policy")),
-        "capacity": scheduler.get("max_num_seqs") if isinstance(scheduler.get("max_num_seqs"), int) else None,
+        "capacity": capacity if isinstance(capacity := scheduler.get("max_num_seqs"), int) and
+        -(2**63) <= capacity < 2**63 else None,
         "python": _text(meta.get("python")),
         "platform": _text(meta.get("platform")),
         "iterations": rows["iterations"],

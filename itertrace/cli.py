@@ -44,45 +44,77 @@ class _Terminated(KeyboardInterrupt):
     commands clean up as they do on Ctrl-C (no half-written run directory is left)."""
 
 
-def _terminate(signum: int, frame: object) -> None:
-    raise _Terminated
+class _Signals:
+    """The signal this command received, if any.
+
+    A signal raises where the program is, and what it breaks may surface as another error: DuckDB turns
+    it into its own (Query interrupted) and an Arrow stream read inside a DuckDB scan into a failed scan.
+    Whatever ends the command after a signal is reported as that signal, 130 or 143."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+
+    def handle(self, signum: int, frame: object) -> None:
+        self.received = signum
+        raise _Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
     on_main_thread = threading.current_thread() is threading.main_thread()  # where signals are handled
-    before = signal.signal(signal.SIGTERM, _terminate) if on_main_thread else None
+    signals = _Signals()
+    before = {signum: signal.signal(signum, signals.handle) for signum in (signal.SIGTERM, signal.SIGINT)} \
+        if on_main_thread else {}
     try:
-        return _main(argv)
+        return _main(argv, signals)
     finally:
-        if on_main_thread:
-            signal.signal(signal.SIGTERM, before)
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
-def _main(argv: list[str] | None) -> int:
+def _main(argv: list[str] | None, signals: _Signals) -> int:
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
     except UserError as exc:
+        if signals.received is not None:  # a failure the signal caused, reported in words of its own
+            return _signalled(signals.received)
         print(f"itertrace: error: {exc}", file=sys.stderr)
         return 2
-    except _Terminated:
-        print("itertrace: terminated", file=sys.stderr)
-        return 143
-    except KeyboardInterrupt:
-        print("itertrace: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        return 0
-    except Exception as exc:
-        if not _interrupted(exc):
-            raise
-        print("itertrace: interrupted", file=sys.stderr)
-        return 130
+    except (SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:
+        if signals.received is not None or isinstance(exc, KeyboardInterrupt) or _interrupted(exc):
+            return _signalled(signals.received if signals.received is not None else signal.SIGINT)
+        if isinstance(exc, BrokenPipeError):
+            return 0
+        if line := _environment_error(exc):
+            print(f"itertrace: error: {line}", file=sys.stderr)
+            return 1
+        raise
 
 
-def _interrupted(exc: Exception) -> bool:
+def _signalled(signum: int) -> int:
+    print("itertrace: terminated" if signum == signal.SIGTERM else "itertrace: interrupted", file=sys.stderr)
+    return 128 + signum
+
+
+def _interrupted(exc: BaseException) -> bool:
     """Ctrl-C inside a DuckDB query: DuckDB raises its own error instead of KeyboardInterrupt."""
     return type(exc).__name__ == "InterruptException" or str(exc) == "Query interrupted"
+
+
+def _environment_error(exc: BaseException) -> str | None:
+    """One line for what the machine refused, where no command said more: a write the file system refused
+    (full, read-only, not permitted), or memory that ran out."""
+    from itertrace.targets import write_failure
+
+    if why := write_failure(exc):
+        where = getattr(exc, "filename", None)
+        return f"{where}: {why}" if where else f"cannot write ({why})"
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryException":
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else "MemoryError"
+        return f"out of memory ({detail})"
+    return None
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -211,16 +211,34 @@ class _Progress:
 
 
 def _fresh_dir(out: Path | None) -> tuple[Path, Path]:
-    """A temporary directory beside the target; renamed into place when the run completes."""
+    """A hidden directory beside the target (itertrace.targets); renamed into place when the run completes."""
+    from itertrace.targets import hidden_folder, remove_leftovers
+
     target = out or Path("runs") / time.strftime("run-%Y%m%d-%H%M%S")
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise UserError(f"--out {target}: already exists and is not empty; choose another directory")
     try:
+        if target.exists() and (not target.is_dir() or any(target.iterdir())):
+            raise UserError(f"--out {target}: already exists and is not empty; choose another directory")
         target.parent.mkdir(parents=True, exist_ok=True)
-        return target, Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        remove_leftovers(target)  # of runs killed before they could clean up
+        return target, hidden_folder(target, "work")
     except OSError as exc:
         why = f"{exc.filename} is a file" if isinstance(exc, FileExistsError) else exc.strerror
         raise UserError(f"--out {target}: cannot create it ({why})") from None
+
+
+@contextlib.contextmanager
+def _writing(target: Path, tmp: Path) -> Iterator[None]:
+    """Remove the hidden directory `tmp` however the block ends; a write the file system refuses is one line."""
+    from itertrace.targets import write_failure
+
+    try:
+        yield
+    except OSError as exc:
+        if why := write_failure(exc):
+            raise UserError(f"--out {target}: cannot write the run directory ({why}); nothing was kept") from None
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _publish(tmp: Path, target: Path) -> None:
@@ -242,12 +260,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     reqs = wl.build_requests(specs, seed=args.seed)
     profiling = _torch_profile(args, spec)
     target, tmp = _fresh_dir(args.out)
-    try:
+    with _writing(target, tmp):
         with profiling as tracer:
             run(spec, reqs, run_dir=tmp, workload=_workload_params(args), progress=_Progress(len(reqs)), tracer=tracer)
         _publish(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     meta = json.loads((target / "run.json").read_text())
     if args.torch_profile is not None:
         print(f"itertrace: torch.profiler trace: {args.torch_profile / 'trace.json.gz'}", file=sys.stderr)

@@ -12,6 +12,7 @@ from itertrace.profiler.clock import SimClock, WallClock
 from itertrace.profiler.engine import Engine, RunResult
 from itertrace.profiler.gcquiet import no_full_collections
 from itertrace.profiler.kv import BlockManager
+from itertrace.profiler.kv_memory import check_kv_memory
 from itertrace.profiler.request import Phase, Request
 from itertrace.profiler.runlog import RunLog
 from itertrace.profiler.scheduler import Scheduler, SchedulerConfig
@@ -49,6 +50,7 @@ class RunSpec:
 def make_runner(spec: RunSpec):
     """The clock and runner a spec asks for (torch is imported only when needed)."""
     if spec.runner == "simulated":
+        check_kv_memory(spec)
         clock = SimClock()
         return clock, SimulatedRunner(clock, spec.cost)
     if spec.runner == "torch":
@@ -76,6 +78,12 @@ def make_runner(spec: RunSpec):
                 raise UserError(f"--device {m.device!r}: expected cpu or cuda") from None
             if kind == "cuda" and not torch.cuda.is_available():
                 raise UserError(f"--device {m.device}: torch finds no CUDA device here")
+        from itertrace.profiler.checkpoint import read_config
+
+        shape = config or read_config(Path(m.checkpoint))
+        on_gpu = (torch.device(m.device).type if m.device else "cuda" if torch.cuda.is_available() else "cpu") == "cuda"
+        check_kv_memory(spec, 2 * shape.num_layers * spec.block_size * shape.num_kv_heads * shape.head_dim
+                        * shape.torch_dtype.itemsize, on_gpu)
         runner = TorchRunner(config, checkpoint=m.checkpoint, num_blocks=spec.num_blocks,
                              block_size=spec.block_size, swap_blocks=spec.swap_blocks,
                              device=m.device, seed=spec.seed)

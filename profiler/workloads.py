@@ -23,6 +23,9 @@ from itertrace.profiler.tokenizer import EOS, SynthPrompt
 VARIABLE_LENGTHS = (8, 16, 32, 64, 128, 256, 512, 1024)
 VARIABLE_PROBS = (0.20, 0.20, 0.15, 0.15, 0.15, 0.05, 0.05, 0.05)
 VARIABLE_BLOCK = 20
+# The longest prompt or output a workload may ask for, in tokens: lengths are stored as 32-bit integers
+# by the runners, and no KV pool holds more.
+MAX_LENGTH = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -89,23 +92,24 @@ def slot_time(kind: str, n: int, prompt_tokens: int = 32, seed: int = 0) -> list
 def parse_lengths(text: str, what: str = "length distribution") -> tuple[str, tuple]:
     """A length distribution: `128`, `uniform:16:256`, or `choice:8,16,32@0.5,0.3,0.2`; `what` names it in errors."""
     try:
-        if text.isdigit() and int(text) >= 1:
+        if text.isdigit() and 1 <= int(text) <= MAX_LENGTH:
             return "fixed", (int(text),)
         kind, _, rest = text.partition(":")
         if kind == "uniform":
             lo, hi = (int(x) for x in rest.split(":"))
-            if 1 <= lo <= hi:
+            if 1 <= lo <= hi <= MAX_LENGTH:
                 return "uniform", (lo, hi)
         elif kind == "choice":
             values, _, probs = rest.partition("@")
             vals = tuple(int(v) for v in values.split(","))
             ps = tuple(float(p) for p in probs.split(",")) if probs else tuple(1 / len(vals) for _ in vals)
-            if len(vals) == len(ps) and abs(sum(ps) - 1) < 1e-9 and min(vals) >= 1 and min(ps) >= 0:
+            if len(vals) == len(ps) and abs(sum(ps) - 1) < 1e-9 and 1 <= min(vals) and max(vals) <= MAX_LENGTH \
+                    and min(ps) >= 0:
                 return "choice", (vals, ps)
     except ValueError:
         pass
     raise UserError(f"{what} {text!r}: expected N, uniform:LO:HI or choice:A,B,..@PA,PB,.. "
-                    "(lengths at least 1, probabilities not negative and summing to 1)")
+                    f"(lengths at least 1 and at most {MAX_LENGTH}, probabilities not negative and summing to 1)")
 
 
 def _draw(dist: tuple[str, tuple], rng: random.Random) -> int:
@@ -211,6 +215,8 @@ def _length(value: object) -> int:
         raise ValueError("expected a whole number of tokens") from None
     if length < 0:
         raise ValueError("a length cannot be negative")
+    if length > MAX_LENGTH:
+        raise ValueError(f"at most {MAX_LENGTH} tokens")
     return length
 
 
@@ -256,6 +262,8 @@ def _read_jsonl(path: Path, limit: int | None) -> list[tuple[int, int, int]]:
                     rec = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise _BadValue(f"not JSON ({exc.msg} at character {exc.pos + 1}){_JSONL_FIELDS}") from None
+                except RecursionError:
+                    raise _BadValue(f"nested too deeply to be a row{_JSONL_FIELDS}") from None
                 if not isinstance(rec, dict):
                     raise _BadValue(f"a JSON {type(rec).__name__}, not an object{_JSONL_FIELDS}")
                 rows.append((_field(rec, "timestamp", _ms_timestamp_ns), _field(rec, "input_length", _length),

@@ -14,23 +14,46 @@ import duckdb
 import pyarrow as pa
 
 from itertrace.errors import UserError
+from itertrace.interrupts import quiet_progress
 from itertrace.ingest.normalize import prefer_sort_based_joins
 from itertrace.ingest.sqldoc import comment_statements
 from itertrace.queries.catalog import SOURCE_TABLES, Query, all_params, modules, queries, requires
 from itertrace.queries.suggest import MappingChoice, choose_mapping
 
+_ERROR_KIND = re.compile(r"^[\w ]+ Error: ")  # DuckDB's "Binder Error: " before its message
 _CREATE = re.compile(r"^CREATE (MACRO|VIEW) ", re.IGNORECASE | re.MULTILINE)
 
 
 def connect(db: str | Path, *, read_only: bool = True) -> duckdb.DuckDBPyConnection:
-    """A connection to an existing DuckDB file; a missing or foreign file is a UserError."""
+    """A connection to an existing DuckDB file; a missing, foreign or locked file is a UserError."""
     path = Path(db)
     if not path.is_file():
         raise UserError(f"{path}: no such database (make one with `itertrace ingest SOURCE... --db {path}`)")
     try:
-        return duckdb.connect(str(path), read_only=read_only)
+        con = duckdb.connect(str(path), read_only=read_only)
     except duckdb.Error as exc:
+        if held := re.search(r"Conflicting lock is held in (.+?) \(PID (\d+)\)", str(exc)):
+            how = "read-write " if read_only else ""  # a writer waits for readers too
+            raise UserError(f"{path}: open {how}in process {held.group(2)} ({held.group(1)}); close it there "
+                            "first") from None
         raise UserError(f"{path}: not a DuckDB database this duckdb can open ({_first_line(exc)})") from None
+    quiet_progress(con)  # DuckDB's bar would land in the rows written to stdout
+    return con
+
+
+def confine(con: duckdb.DuckDBPyConnection, writable: list[Path] | tuple[Path, ...] = ()) -> None:
+    """Hold `con` to what `itertrace sql` may do: read its database, write only the files in `writable`.
+
+    No other file is read or written (no COPY TO, EXPORT DATABASE, ATTACH or read_csv of a path), no
+    extension is installed or loaded (so no network: httpfs is one), and the configuration is locked
+    (no statement can undo this). The views and parameters are installed first; DuckDB may still spill
+    to its temporary directory. Irreversible for the connection.
+    """
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
+    con.execute("SET allowed_paths = ?", [[str(path) for path in writable]])
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
 
 
 # Why a database holds none of SOURCE_TABLES, for the commands that refuse it.
@@ -47,7 +70,10 @@ class QueryDB:
         self.con = con if con is not None else connect(self.path)
         try:
             prefer_sort_based_joins(self.con)
-            self.missing = install(self.con)
+            try:
+                self.missing = install(self.con)
+            except UserError as exc:
+                raise UserError(f"{self.path}: {exc}") from None
             set_params(self.con, params or {})
             # What preset=auto (the default) chose; None when the caller chose, or without a capture.
             self.mapping_choice: MappingChoice | None = (
@@ -124,9 +150,15 @@ def install(con: duckdb.DuckDBPyConnection, *, persist: bool = False) -> dict[st
     installed: set[str] = set()
     for mod in modules():
         for d in mod.definitions:
-            if any(t in missing for t in requires(d.name)[0]):
+            tables = requires(d.name)[0]
+            if any(t in missing for t in tables):
                 continue
-            con.execute(_CREATE.sub(lambda m: replace + m.group(1).upper() + " ", d.statement, count=1))
+            try:
+                con.execute(_CREATE.sub(lambda m: replace + m.group(1).upper() + " ", d.statement, count=1))
+            except duckdb.Error as exc:  # a table of that name, but not as `itertrace ingest` makes it
+                why = _ERROR_KIND.sub("", _first_line(exc))
+                raise UserError(f"{' or '.join(tables) or d.name} is not as `itertrace ingest` makes it: {d.name} "
+                                f"cannot be defined over it ({why})") from None
             installed.add(d.name)
         if persist:
             for statement in comment_statements(mod.sql):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +18,10 @@ if TYPE_CHECKING:
     from itertrace.queries.api import QueryDB
 
 FORMATS = ("table", "csv", "json", "parquet")  # itertrace.queries.output.FORMATS (a test checks they agree)
+CONTRACT = ("`itertrace query` and `sql` read only their database and write only the file --out names: no other "
+            "file, no extension, no network, no setting changed; see queries/README.md")
+# How DuckDB says that a statement went past the contract (queries.api.confine).
+_CONFINED = re.compile(r"disabled by configuration|disabled through configuration|configuration has been locked")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -97,6 +102,8 @@ def run_sql(args: argparse.Namespace) -> int:
     import duckdb
 
     statement = args.statement.strip().rstrip(";")
+    if bad := _not_utf8(statement):
+        raise UserError(f"sql: the statement is not valid UTF-8 ({bad})")
     if not statement:
         raise UserError("sql: the statement is empty; give one, e.g. \"SELECT * FROM host_gaps_summary\"")
     try:
@@ -160,19 +167,28 @@ def _install(args: argparse.Namespace) -> int:
 
 
 def _write(db: QueryDB, sql: str, args: argparse.Namespace) -> int:
+    """Write the statement's rows as asked, the connection confined to reading the database (and writing
+    --out's file; see queries/README.md)."""
+    from itertrace.interrupts import interruptible
+    from itertrace.queries.api import confine
     from itertrace.queries.output import write
 
     if args.out is not None and args.out.resolve() == db.path.resolve():
         raise UserError(f"--out {args.out}: is the database itself; write the rows to another file")
     try:
-        return write(db.con, sql, args.format, args.out, max_rows=args.max_rows)
+        with interruptible(db.con):
+            return write(db.con, sql, args.format, args.out, max_rows=args.max_rows,
+                         before_run=lambda writable: confine(db.con, writable))
     except UserError:
         raise
     except Exception as exc:  # a DuckDB error while running the statement
         import duckdb
         if isinstance(exc, duckdb.Error):
             from itertrace.queries.api import _explain
-            raise UserError(_explain(exc, db.missing, db.path)) from None
+            line = _explain(exc, db.missing, db.path)
+            if _CONFINED.search(line):
+                line += f" ({CONTRACT})"
+            raise UserError(line) from None
         raise
 
 
@@ -192,8 +208,22 @@ def parse_params(pairs: list[str]) -> dict[str, str]:
             raise UserError(f"--param {pair!r}: expected KEY=VALUE")
         if key not in known:
             raise UserError(f"--param {key}: unknown parameter; parameters: {', '.join(sorted(known))}")
+        if key in params:
+            raise UserError(f"--param {key}: given twice ({params[key]!r}, then {value!r}); give it once")
+        if bad := _not_utf8(value):
+            raise UserError(f"--param {key}: the value is not valid UTF-8 ({bad})")
         params[key] = value
     return params
+
+
+def _not_utf8(text: str) -> str | None:
+    """Where `text` (an argument, undecodable bytes kept as surrogates) is not UTF-8; None when it is."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        byte = text[exc.start].encode("utf-8", "surrogateescape") if "\udc80" <= text[exc.start] <= "\udcff" else b"?"
+        return f"byte 0x{byte.hex()} at character {exc.start + 1}"
+    return None
 
 
 def _done(rows: int, out: Path | None) -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 
+from export_closing import closing_tables
 from itertrace.cli import main
 
 NEWER_REPORT = (Path(__file__).resolve().parents[1].parent / "shared" / "nsys_samples" / "newer_nsys_rep"
@@ -16,13 +18,13 @@ NEWER_REPORT = (Path(__file__).resolve().parents[1].parent / "shared" / "nsys_sa
 
 
 def small_export(path: Path) -> Path:
-    """A two-table Arrow export in nsys's layout: concatenated IPC streams named by `table_name`."""
+    """A small Arrow export in nsys's layout: concatenated IPC streams named by `table_name`."""
     tables = {"StringIds": pa.table({"id": pa.array(range(2000), pa.int32()),
                                      "value": pa.array([f"s{i}".encode() for i in range(2000)], pa.binary())}),
               "NVTX_EVENTS": pa.table({"start": pa.array([1], pa.int64()), "end": pa.array([2], pa.int64()),
                                        "eventType": pa.array([59], pa.uint32()), "globalTid": pa.array([5], pa.uint64())})}
     with open(path, "wb") as sink:
-        for name, table in tables.items():
+        for name, table in {**tables, **closing_tables()}.items():
             with ipc.new_stream(sink, table.schema.with_metadata({"table_name": name})) as writer:
                 writer.write_table(table)
     return path
@@ -43,9 +45,11 @@ def target(tmp_path) -> Path:
     """Where the database would go; holds an older database that a failed ingest must leave alone."""
     db = tmp_path / "out" / "trace.duckdb"
     db.parent.mkdir()
-    db.write_bytes(b"an earlier database")
+    with duckdb.connect(str(db)) as con:  # --db replaces only a DuckDB database
+        con.execute("CREATE TABLE earlier AS SELECT 1 AS x")
+    before = db.read_bytes()
     yield db
-    assert db.read_bytes() == b"an earlier database"
+    assert db.read_bytes() == before
     assert sorted(p.name for p in db.parent.iterdir()) == ["trace.duckdb"]  # no temporary file left
 
 

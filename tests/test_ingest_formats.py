@@ -174,7 +174,7 @@ def test_progress_draws_a_bar_on_a_terminal():
 def test_cli_prints_a_closing_line(tmp_path, arrow_export, capsys):
     assert main(["ingest", str(arrow_export), "--db", str(tmp_path / "t.duckdb")]) == 0
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert line.startswith("itertrace: ingested 24 rows from 1 source into ") and line.endswith(" rows/s)")
+    assert line.startswith("itertrace: ingested 24 rows from 1 source into ") and " rows/s)" in line
 
 
 class RunLogLoader:

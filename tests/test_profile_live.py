@@ -294,11 +294,14 @@ def test_sigterm_stops_the_profiled_command_and_leaves_nothing(tmp_path, quiet):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)  # not the 600 s the command would sleep
+    _, err = proc.communicate(timeout=300)  # not the 600 s the command would sleep
     assert proc.returncode == 143 and err.splitlines()[-1] == "itertrace: terminated"
+    # profile waited for nsys's agent, which writes the .qdstrm after nsys has ended, before it removed the folder
     assert not (tmp_path / "prof").exists()
-    time.sleep(1)
-    assert not any(token in _cmdline(p) for p in Path("/proc").glob("[0-9]*/cmdline"))
+    deadline = time.monotonic() + 60  # the profiled command ends when nsys stops it; its exit may lag ours a little
+    while any(token in _cmdline(p) for p in Path("/proc").glob("[0-9]*/cmdline")):
+        assert time.monotonic() < deadline, f"a process marked {token} outlived the profile"
+        time.sleep(0.1)
 
 
 def _cmdline(path: Path) -> str:
@@ -306,3 +309,26 @@ def _cmdline(path: Path) -> str:
         return path.read_bytes().decode(errors="replace")
     except OSError:  # the process has just ended
         return ""
+
+
+def test_profile_waits_for_the_agent_nsys_left_behind():
+    """nsys's agent runs outside nsys's process tree and goes on writing the capture after nsys has ended:
+    wait_for_agent returns only once the agent of that nsys session has exited."""
+    from itertrace.ingest.nsys import wait_for_agent
+
+    fake_nsys_pid = 4_000_000 + os.getpid() % 100_000  # above any real PID here: no real agent has it
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)", "--start-agent",
+                              f"--session-name=profile-python3-{fake_nsys_pid}"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--start-agent",
+                              f"--session-name=profile-python3-1{fake_nsys_pid}"])  # another session's
+    try:
+        deadline = time.monotonic() + 60
+        while f"-{fake_nsys_pid}" not in _cmdline(Path(f"/proc/{agent.pid}/cmdline")):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        wait_for_agent(fake_nsys_pid)
+        assert agent.poll() is not None and other.poll() is None
+    finally:
+        for proc in (agent, other):
+            proc.kill()
+            proc.wait()

@@ -105,7 +105,8 @@ def fails(capsys, *argv: str) -> str:
 
 def test_bad_input_is_one_line_and_leaves_the_earlier_page(simulated_db, tmp_path, capsys):
     out = tmp_path / "report.html"
-    out.write_text("an earlier report")
+    earlier = '<!DOCTYPE html>\n<p class="meta">Made by itertrace: an earlier report</p>'  # -o replaces only a report
+    out.write_text(earlier)
     missing = tmp_path / "nope.duckdb"
     assert str(missing) in fails(capsys, "report", "--db", str(missing), "-o", str(out))
     assert "--nope" in fails(capsys, "report", "--db", str(simulated_db), "-o", str(out), "--nope")
@@ -123,7 +124,7 @@ def test_bad_input_is_one_line_and_leaves_the_earlier_page(simulated_db, tmp_pat
     shutil.copy(simulated_db, kept)
     assert "is one of the --db databases" in fails(capsys, "report", "--db", str(kept), "-o", str(kept))
     assert kept.read_bytes() == simulated_db.read_bytes()
-    assert out.read_text() == "an earlier report"
+    assert out.read_text() == earlier
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.duckdb", "kept.duckdb", "report.html", "text.duckdb"]
 
 

@@ -12,6 +12,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 
+from export_closing import closing_tables
 from itertrace.cli import main
 from itertrace.ingest import ingest
 from itertrace.ingest.run_schema import META_COLUMNS, RUN_TABLES
@@ -42,9 +43,11 @@ def target(tmp_path) -> Path:
     """Where the database would go; holds an older database that a failed ingest must leave alone."""
     db = tmp_path / "out" / "trace.duckdb"
     db.parent.mkdir()
-    db.write_bytes(b"an earlier database")
+    with duckdb.connect(str(db)) as con:  # --db replaces only a DuckDB database
+        con.execute("CREATE TABLE earlier AS SELECT 1 AS x")
+    before = db.read_bytes()
     yield db
-    assert db.read_bytes() == b"an earlier database"
+    assert db.read_bytes() == before
     assert sorted(p.name for p in db.parent.iterdir()) == ["trace.duckdb"]
 
 
@@ -188,8 +191,10 @@ def step_export(run_dir: Path, path: Path) -> Path:
                       "domainId": pa.array(events["domainId"], pa.uint32()),
                       "globalTid": pa.array(events["globalTid"], pa.uint64()),
                       "int64Value": pa.array(events["int64Value"], pa.int64())})
-    with open(path, "wb") as sink, ipc.new_stream(sink, table.schema.with_metadata({"table_name": "NVTX_EVENTS"})) as w:
-        w.write_table(table)
+    with open(path, "wb") as sink:
+        for name, t in {"NVTX_EVENTS": table, **closing_tables()}.items():
+            with ipc.new_stream(sink, t.schema.with_metadata({"table_name": name})) as w:
+                w.write_table(t)
     return path
 
 

@@ -1,0 +1,185 @@
+"""What an nsys export must hold to be ingested, checked before the normalized tables are built.
+
+nsys writes only the tables that have rows, and its columns differ by export version, so an absent
+table or column is usually fine (the normalized table comes out empty, or the column NULL). What is
+not fine, and is refused with one line naming the file, table and column:
+
+- an Arrow export (one file of concatenated streams) without the tables every export holds: its
+  metadata (EXPORT_META_DATA or META_DATA_EXPORT) and PROCESSES, which nsys writes last; a file cut at
+  a stream boundary is otherwise whole Arrow;
+- a table file without columns, two tables whose names differ only in case (DuckDB's names do not),
+  a table name that is not UTF-8;
+- a table that present rows refer to and that is absent (StringIds, when ids point into it);
+- a column the normalized tables cannot do without, absent or NULL in every row (a range's start, a
+  kernel's end, an event's type), or one of a type other than nsys writes (text for a time, a list for
+  a thread id).
+
+Arrow IPC carries no checksum: flipped bits inside a value are not found.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from itertrace.errors import UserError
+
+INT, TEXT, NUMBER = "an integer", "text", "a number"
+_GPU = {"start": INT, "end": INT, "deviceId": INT, "contextId": INT, "streamId": INT, "correlationId": INT,
+        "globalPid": INT}
+_ENUM = {"id": INT, "name": TEXT, "label": TEXT}
+# The raw columns the normalized tables read, with the kind each must be (ingest/sql/*.sql, adapters.py).
+READ_COLUMNS: dict[str, dict[str, str]] = {
+    "StringIds": {"id": INT, "value": TEXT},
+    "NVTX_EVENTS": {"start": INT, "end": INT, "eventType": INT, "rangeId": INT, "category": INT, "color": INT,
+                    "text": TEXT, "globalTid": INT, "endGlobalTid": INT, "textId": INT, "domainId": INT,
+                    "uint64Value": INT, "int64Value": INT, "doubleValue": NUMBER, "uint32Value": INT,
+                    "int32Value": INT, "floatValue": NUMBER, "jsonTextId": INT, "jsonText": TEXT},
+    "ThreadNames": {"nameId": INT, "priority": INT, "globalTid": INT},
+    "PROCESSES": {"globalPid": INT, "pid": INT, "name": TEXT},
+    "CUPTI_ACTIVITY_KIND_RUNTIME": {"start": INT, "end": INT, "eventClass": INT, "globalTid": INT,
+                                    "correlationId": INT, "nameId": INT, "returnValue": INT},
+    "CUPTI_ACTIVITY_KIND_KERNEL": {**_GPU, "demangledName": INT, "shortName": INT, "launchType": INT},
+    "CUPTI_ACTIVITY_KIND_MEMCPY": {**_GPU, "bytes": INT, "copyKind": INT},
+    "CUPTI_ACTIVITY_KIND_MEMSET": {**_GPU, "bytes": INT},
+    "META_DATA_EXPORT": {"name": TEXT, "value": TEXT},
+    "EXPORT_META_DATA": {"name": TEXT, "value": TEXT},
+    "TARGET_INFO_SESSION_START_TIME": {"utcEpochNs": INT, "utcTime": TEXT, "localTime": TEXT},
+    "ENUM_NSYS_EVENT_CLASS": _ENUM, "ENUM_CUDA_MEMCPY_OPER": _ENUM, "ENUM_CUDA_KERNEL_LAUNCH_TYPE": _ENUM,
+    "ENUM_CUDA_KRENEL_LAUNCH_TYPE": _ENUM,
+}
+# Columns without which a table's rows mean nothing; each must be there, and not NULL in every row.
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "StringIds": ("id", "value"),
+    "NVTX_EVENTS": ("start", "eventType", "globalTid"),
+    "ThreadNames": ("nameId", "globalTid"),
+    "PROCESSES": ("globalPid", "pid"),
+    "CUPTI_ACTIVITY_KIND_RUNTIME": ("start", "end", "globalTid", "correlationId"),
+    **{f"CUPTI_ACTIVITY_KIND_{kind}": ("start", "end", "deviceId", "streamId", "correlationId", "globalPid")
+       for kind in ("KERNEL", "MEMCPY", "MEMSET")},
+}
+# Ids into StringIds: (table, column).
+STRING_REFERENCES = (("NVTX_EVENTS", "textId"), ("ThreadNames", "nameId"), ("CUPTI_ACTIVITY_KIND_RUNTIME", "nameId"),
+                     ("CUPTI_ACTIVITY_KIND_KERNEL", "demangledName"), ("CUPTI_ACTIVITY_KIND_KERNEL", "shortName"))
+METADATA_TABLES = ("EXPORT_META_DATA", "META_DATA_EXPORT")
+LAST_TABLE = "PROCESSES"  # nsys writes it last, and every capture has a process
+_RANGE_TYPES = (59, 60, 70, 71)  # push/pop and start/end ranges: they have an end
+_INTEGER_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER",
+                  "UBIGINT", "UHUGEINT", '"NULL"')
+
+
+def table_name(raw: bytes | None, path: Path, offset: int) -> str:
+    """The `table_name` metadata of the stream at `offset` of an Arrow export, as text."""
+    if not raw:
+        raise UserError(f"{path}: stream at byte {offset} has no table_name metadata; not an nsys Arrow export")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: stream at byte {offset} has a table_name that is not UTF-8 ({raw[:40]!r})") from None
+
+
+def check_table(name: str, file: Path, schema: pa.Schema, seen: Iterable[str]) -> None:
+    """A table as it is listed: it has columns, and no table before it has its name in any case."""
+    if not len(schema):
+        raise UserError(f"{file}: table {name} has no columns")
+    for other in seen:
+        if other.lower() == name.lower():
+            same = "appears twice" if other == name else f"and {other} are one name to DuckDB"
+            raise UserError(f"{file}: table {name} {same}")
+
+
+def check_arrow_export(path: Path, names: list[str]) -> None:
+    """An Arrow export holds the tables every export does; else it was cut, perhaps at a stream boundary."""
+    missing = [name for name in (LAST_TABLE,) if name not in names]
+    if not any(name in names for name in METADATA_TABLES):
+        missing.append(" or ".join(METADATA_TABLES))
+    if missing:
+        after = f"after its {len(names)} tables (the last {names[-1]})" if names else "before its first table"
+        raise UserError(f"{path}: truncated Arrow export: it ends {after} without {' and '.join(missing)}, which "
+                        f"every nsys export holds ({LAST_TABLE} comes last)")
+
+
+def check_raw_tables(con: duckdb.DuckDBPyConnection, schema: str, source: Path) -> None:
+    """The raw tables of one capture, as written into `schema`: references, required columns and types."""
+    columns = _columns(con, schema)
+    for table, reads in READ_COLUMNS.items():
+        have = columns.get(table.lower())
+        if have is None:
+            continue
+        name, types = have
+        for column, kind in reads.items():
+            found = types.get(column.lower())
+            if found is not None and not _of_kind(found, kind):
+                raise UserError(f"{source}: column {name}.{column} is {found}; nsys writes {kind} there")
+        rows = _count(con, schema, name)
+        for column in REQUIRED.get(table, ()):
+            if column.lower() not in types:
+                raise UserError(f"{source}: table {name} has no column {column}, without which its rows mean nothing")
+            if rows and not _count(con, schema, name, f'"{column}" IS NOT NULL'):  # names match in any case
+                raise UserError(f"{source}: column {name}.{column} is NULL in all {rows:,} rows")
+    if "nvtx_events" in columns:
+        _check_range_ends(con, schema, columns["nvtx_events"], source)
+    if "stringids" not in columns:
+        for table, column in STRING_REFERENCES:
+            have = columns.get(table.lower())
+            if have and column.lower() in have[1]:
+                pointing = _count(con, schema, have[0], f'"{column}" IS NOT NULL')
+                if pointing:
+                    raise UserError(f"{source}: no StringIds table, which {pointing:,} rows of {have[0]}.{column} "
+                                    "refer to (their names would all be missing)")
+
+
+def empty_tables(con: duckdb.DuckDBPyConnection, tables: Iterable[str]) -> list[str]:
+    """Those of `tables` (in the main schema) that exist and hold no rows, for the closing summary."""
+    present = {name for (name,) in con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' AND database_name = current_database()"
+    ).fetchall()}
+    return [t for t in tables if t in present and not con.execute(f'SELECT count(*) FROM "{t}"').fetchall()[0][0]]
+
+
+def unnamed_threads_note(con: duckdb.DuckDBPyConnection, schema: str) -> str | None:
+    """A note when the capture's threads have no names because its export holds no ThreadNames table."""
+    tables = {(s, t.lower()) for s, t in con.execute(
+        "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = current_database()").fetchall()}
+    if ("main", "threads") not in tables or (schema, "threadnames") in tables:
+        return None
+    threads, named = con.execute("SELECT count(*), count(name) FROM threads").fetchall()[0]
+    if not threads or named:
+        return None
+    return (f"the export holds no ThreadNames table: its {threads:,} thread{'s have no names' if threads > 1 else ' has no name'}")
+
+
+def _check_range_ends(con: duckdb.DuckDBPyConnection, schema: str, have: tuple[str, dict], source: Path) -> None:
+    if "end" not in have[1] or "eventtype" not in have[1]:
+        if "end" not in have[1] and _count(con, schema, have[0], f"eventType IN {_RANGE_TYPES}"):
+            raise UserError(f"{source}: table {have[0]} has no column end, and it holds ranges")
+        return
+    ranges = _count(con, schema, have[0], f"eventType IN {_RANGE_TYPES}")
+    if ranges and not _count(con, schema, have[0], f'eventType IN {_RANGE_TYPES} AND "end" IS NOT NULL'):
+        raise UserError(f"{source}: column {have[0]}.end is NULL in all {ranges:,} ranges")
+
+
+def _columns(con: duckdb.DuckDBPyConnection, schema: str) -> dict[str, tuple[str, dict[str, str]]]:
+    """{lower-case table name: (its name, {lower-case column: DuckDB type})} of the tables in `schema`."""
+    rows = con.execute("SELECT table_name, column_name, data_type FROM duckdb_columns() "
+                       "WHERE schema_name = ? AND database_name = current_database()", [schema]).fetchall()
+    tables: dict[str, tuple[str, dict[str, str]]] = {}
+    for table, column, kind in rows:
+        tables.setdefault(table.lower(), (table, {}))[1][column.lower()] = kind
+    return tables
+
+
+def _count(con: duckdb.DuckDBPyConnection, schema: str, table: str, where: str = "true") -> int:
+    return con.execute(f'SELECT count(*) FROM "{schema}"."{table}" WHERE {where}').fetchall()[0][0]
+
+
+def _of_kind(duckdb_type: str, kind: str) -> bool:
+    if duckdb_type in _INTEGER_TYPES:
+        return kind in (INT, NUMBER)
+    if duckdb_type == "VARCHAR":
+        return kind == TEXT
+    if duckdb_type in ("DOUBLE", "FLOAT") or duckdb_type.startswith("DECIMAL"):
+        return kind == NUMBER
+    return False

@@ -1,0 +1,356 @@
+"""Bad inputs, faults and races against the commands that write or read user files, each run as a real
+`itertrace` process; prints, per category, how many ended cleanly and how many ended in a traceback, lost
+data or left files behind.
+
+    .venv/bin/python scripts/adversarial.py [--keep DIR]
+
+Clean means: exit 0 where the input is good, else one `itertrace:` line on stderr and a non-zero exit
+(130/143 for a signal). Lost data: a file that was there before a failed command is no longer byte for
+byte the same, or a refused target was written. Leftovers: any hidden file or folder beside the target
+once the command (and, after a kill, the next command to the same target) has ended. Accepted: a corrupt
+input the command took without a word. Cases that need root (mount, mknod, chattr) are skipped without it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+CLI = [sys.executable, "-m", "itertrace.cli"]
+
+
+@dataclass
+class Case:
+    """One command against one prepared folder, and what it must leave there."""
+
+    category: str
+    argv: list[str]
+    folder: Path  # where the command writes: checked for leftovers and lost files
+    good: bool = False  # the input is fine: only exit 0 is clean
+    either: bool = False  # failing cleanly is clean too (a bit flip nothing can detect; a disk that may be full)
+    tables: int | None = None  # on success, the tables the database at `argv`'s --db must hold
+    kill: tuple[int, float] | None = None  # (signal, seconds after the command's hidden file appears)
+    then: list[str] | None = None  # after a kill: the next command to the same target, which must clean up
+    keep: dict[str, bytes] = field(default_factory=dict)  # files in `folder` before, by name
+    hold: Path | None = None  # a database another process holds open read-write meanwhile
+    never: tuple[Path, ...] = ()  # files the command must not make
+
+
+@dataclass
+class Tally:
+    cases: int = 0
+    clean: int = 0
+    tracebacks: int = 0
+    lost: int = 0
+    leftovers: int = 0
+    accepted: int = 0
+    exits: Counter = field(default_factory=Counter)
+    notes: list[str] = field(default_factory=list)
+
+
+HOLDER = ("import sys, duckdb; con = duckdb.connect(sys.argv[1]); con.execute('CREATE TABLE IF NOT EXISTS mine AS "
+          "SELECT 7 AS x'); con.execute('CHECKPOINT'); print('ready', flush=True); sys.stdin.readline()")
+
+
+def run(case: Case) -> tuple[int, str, list[str]]:
+    """Run the case: its exit status, its stderr, and the kept files it changed (before any `then`)."""
+    holder = None
+    if case.hold is not None:
+        holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(case.hold)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        holder.stdout.readline()
+        case.keep = {case.hold.name: case.hold.read_bytes()}
+    proc = subprocess.Popen([*CLI, *case.argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            errors="replace")
+    if case.kill:
+        signum, after_s = case.kill
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and not any(p.name.startswith(".") for p in case.folder.iterdir()):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        time.sleep(after_s)
+        if proc.poll() is None:
+            proc.send_signal(signum)
+    try:
+        _, err = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+    lost = [name for name, data in case.keep.items()
+            if proc.returncode != 0 and (not (case.folder / name).is_file() or (case.folder / name).read_bytes() != data)]
+    lost += [str(path) for path in case.never if path.exists()]
+    if case.tables is not None and proc.returncode == 0:
+        db = Path(case.argv[case.argv.index("--db") + 1])
+        with duckdb.connect(str(db), read_only=True) as con:
+            if con.execute("SELECT count(*) FROM duckdb_tables()").fetchone()[0] != case.tables:
+                lost.append(f"{db.name} (incomplete)")
+    if case.then:
+        subprocess.run([*CLI, *case.then], capture_output=True)
+    return proc.returncode, err, lost
+
+
+def judge(case: Case, status: int, err: str, lost: list[str], tally: Tally) -> None:
+    tally.cases += 1
+    tally.exits[status] += 1
+    lines = err.strip().splitlines()
+    if case.kill:  # the signal's own status, or 0 where the command ended first
+        expected = {0, {signal.SIGKILL: -signal.SIGKILL, signal.SIGTERM: 143, signal.SIGINT: 130}[case.kill[0]]}
+    else:
+        expected = None
+    traceback = "Traceback (most recent call last)" in err or (
+        status not in (0, -signal.SIGKILL) and not (lines and lines[-1].startswith("itertrace:")))
+    if expected is not None and status not in expected:
+        traceback = True
+    left = [p.name for p in case.folder.iterdir() if p.name.startswith(".")]
+    accepted = status == 0 and not case.good and case.kill is None
+    failed = case.good and not case.either and case.kill is None and status != 0
+    tally.tracebacks += traceback
+    tally.lost += bool(lost)
+    tally.leftovers += bool(left)
+    tally.accepted += accepted
+    if traceback or lost or left or failed or (accepted and not case.either):
+        what = ("traceback" if traceback else "lost " + ",".join(lost) if lost else "left " + ",".join(left)
+                if left else "failed" if failed else "accepted")
+        tally.notes.append(f"{' '.join(case.argv)[:110]}: {what} (exit {status}; {lines[-1][:120] if lines else ''})")
+    else:
+        tally.clean += 1
+
+
+def arrow_export(path: Path, rows: int, seed: int = 1) -> Path:
+    """An nsys-shaped Arrow export: StringIds, ThreadNames, NVTX_EVENTS of push/pop ranges, metadata, PROCESSES."""
+    rng = random.Random(seed)
+    starts = sorted(rng.randrange(10**12) for _ in range(rows))
+    tid = (4242 << 24) | 4243
+    tables = {
+        "StringIds": pa.table({"id": pa.array(range(100), pa.uint32()),
+                               "value": pa.array([f"name{i}".encode() for i in range(100)], pa.binary())}),
+        "ThreadNames": pa.table({"nameId": pa.array([1], pa.uint32()), "priority": pa.array([0], pa.int32()),
+                                 "globalTid": pa.array([tid], pa.uint64())}),
+        "NVTX_EVENTS": pa.table({"start": pa.array(starts, pa.int64()),
+                                 "end": pa.array([s + rng.randrange(1, 10**6) for s in starts], pa.int64()),
+                                 "eventType": pa.array([59] * rows, pa.uint32()),
+                                 "textId": pa.array([rng.randrange(100) for _ in range(rows)], pa.uint32()),
+                                 "globalTid": pa.array([tid] * rows, pa.uint64())}),
+        "EXPORT_META_DATA": pa.table({"name": pa.array([b"EXPORT_PRODUCT_VERSION"]), "value": pa.array([b"2022.4.2"])}),
+        "PROCESSES": pa.table({"globalPid": pa.array([4242 << 24], pa.uint64()), "pid": pa.array([4242], pa.uint64()),
+                               "name": pa.array([b"python"])}),
+    }
+    with open(path, "wb") as sink:
+        for name, table in tables.items():
+            with ipc.new_stream(sink, table.schema.with_metadata({"table_name": name})) as writer:
+                writer.write_table(table)
+    return path
+
+
+class Workspace:
+    """Fresh folders under one root, some on a small tmpfs (root only)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.n, self.mounts = root, 0, []
+
+    def folder(self, fs: str | None = None, keep: dict[str, bytes] | None = None) -> Path | None:
+        self.n += 1
+        folder = self.root / f"case{self.n}"
+        folder.mkdir()
+        if fs and fs.split(":")[0] in ("full", "read-only") and not self._mount(folder, (fs + ":4k").split(":")[1]):
+            return None
+        for name, data in (keep or {}).items():
+            (folder / name).write_bytes(data)
+        if fs == "read-only" and subprocess.run(["mount", "-o", "remount,ro", str(folder)]).returncode:
+            return None
+        if fs == "immutable" and subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode:
+            return None
+        return folder
+
+    def _mount(self, folder: Path, size: str) -> bool:
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                          capture_output=True).returncode:
+            return False
+        self.mounts.append(folder)
+        return True
+
+    def close(self) -> None:
+        for folder in self.root.iterdir():
+            subprocess.run(["chattr", "-i", str(folder)], capture_output=True)
+        for folder in reversed(self.mounts):
+            subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def cases(ws: Workspace, src: Path) -> list[Case]:
+    """Every case, built on the prepared sources in `src`."""
+    run_dir, db, small, big = src / "run", src / "run.duckdb", src / "small.arrow", src / "big.arrow"
+    old_db = (src / "old.duckdb").read_bytes()
+    out: list[Case] = []
+
+    def add(category: str, argv: Callable[[Path], list[str]], fs: str | None = None, name: str = "target.out",
+            keep: dict[str, bytes] | None = None, **kw) -> None:
+        folder = ws.folder(fs, keep)
+        if folder is not None:
+            out.append(Case(category, argv(folder / name), folder, keep=dict(keep or {}), **kw))
+
+    writers = {
+        "ingest --db": lambda t: ["ingest", str(run_dir), "--db", str(t), "--quiet"],
+        "query --out": lambda t: ["query", "membership_iterations", "--db", str(db), "--format", "csv", "--out", str(t)],
+        "sql --out": lambda t: ["sql", "--db", str(db), "SELECT * FROM range(5000)", "--format", "json", "--out", str(t)],
+        "report -o": lambda t: ["report", "--db", str(db), "-o", str(t), "--quiet"],
+        "run --out": lambda t: ["run", "--workload", "worked-example", "--out", str(t)],
+    }
+    for what, argv in writers.items():
+        for fs in ("full", "read-only", "immutable"):
+            add(f"1/8 {fs} file system", argv, fs, keep={"kept.txt": b"here before"})
+        add("8 names past NAME_MAX", argv, name="n" * 240 + ".out")
+        others = {"text": b"my notes, the only copy\nline two\n", "parquet": src.joinpath("p.parquet").read_bytes(),
+                  "database": old_db}
+        kinds = {"ingest --db": ("text", "parquet"), "query --out": ("text", "database"),
+                 "sql --out": ("text", "database"), "report -o": ("text", "parquet", "database")}
+        for kind in kinds.get(what, ()):
+            add("2 targets of another kind", argv, name="target.out", keep={"target.out": others[kind]})
+    for size in ("1m", "4m", "8m", "12m", "16m", "24m"):  # from no room for DuckDB's log to room for all
+        add("1 full disk over an old database", lambda t: ["ingest", str(big), "--db", str(t), "--quiet"],
+            f"full:{size}", name="keep.duckdb", keep={"keep.duckdb": old_db}, good=True, either=True,
+            tables=int((src / "big.tables").read_text()))
+    for _ in range(2):
+        held = ws.folder()
+        out.append(Case("3 database held read-write", ["ingest", str(small), "--db", str(held / "held.duckdb")],
+                        held, hold=held / "held.duckdb"))
+    for delay in (0.0, 0.5, 2.0):
+        add("4 killed ingest, then another", lambda t: ["ingest", str(big), "--db", str(t), "--batch-rows", "1",
+                                                        "--quiet"], name="k.duckdb", keep={"k.duckdb": old_db},
+            kill=(signal.SIGKILL, delay), then=["ingest", str(small), "--db", "{target}", "--quiet"], good=True)
+    data = small.read_bytes()
+    ends = _stream_ends(small)
+    for i, end in enumerate([*ends[:-1], len(data) // 2, len(data) - 3]):
+        (src / f"cut{i}.arrow").write_bytes(data[:end])
+        add("5 cut Arrow exports", lambda t, i=i: ["ingest", str(src / f"cut{i}.arrow"), "--db", str(t)],
+            name="t.duckdb", keep={"t.duckdb": old_db})
+    for i, flip in enumerate(random.Random(7).sample(range(64, len(data) - 64), 10)):
+        flipped = bytearray(data)
+        flipped[flip] ^= 0x10
+        (src / f"flip{i}.arrow").write_bytes(bytes(flipped))
+        add("7 bit flips (not detectable: counted, not failures)", lambda t, i=i: [
+            "ingest", str(src / f"flip{i}.arrow"), "--db", str(t), "--quiet"], name="t.duckdb",
+            keep={"t.duckdb": old_db}, either=True)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        for delay in (0.2, 1.0, 3.0):
+            add("11 signals while a source streams", lambda t: ["ingest", str(big), "--db", str(t), "--batch-rows",
+                                                                 "1", "--quiet"], name="s.duckdb",
+                keep={"s.duckdb": old_db}, kill=(sig, delay))
+    bad_args = [
+        ["ingest", str(run_dir), "--db", "{target}", "--memory-limit", "1KB"],
+        ["ingest", str(run_dir), "--db", "{target}", "--memory-limit", "20MB"],
+        ["run", "--workload", "synthetic", "--prompt-len", str(10**30), "--out", "{target}"],
+        ["run", "--workload", "synthetic", "--output-len", str(2**63), "--out", "{target}"],
+        ["run", "--num-blocks", "1000000000000", "--workload", "worked-example", "--out", "{target}"],
+        ["run", "--runner", "torch", "--num-blocks", "1000000000000", "--workload", "worked-example", "--out",
+         "{target}"],
+        ["run", "--workload", str(src / "deep.jsonl"), "--out", "{target}"],
+        ["run", "--workload", str(src / "huge.jsonl"), "--out", "{target}"],
+        ["sql", "--db", str(db), b"SELECT '\xff'".decode("utf-8", "surrogateescape")],
+        ["sql", "--db", str(db), f"COPY (SELECT 1) TO '{src}/copied.csv'"],
+        ["sql", "--db", str(db), "SELECT * FROM read_csv('/etc/passwd')"],
+        ["sql", "--db", str(db), "INSTALL httpfs"],
+        ["sql", "--db", str(db), f"EXPORT DATABASE '{src}/exported'"],
+        ["query", "membership", "--db", str(db), "--param", "preset=generic", "--param", "preset=itertrace"],
+        ["ingest", str(src / "seed.run"), "--db", "{target}"],
+        ["report", "--db", str(src / "varchar.duckdb"), "-o", "{target}"],
+    ]
+    never = (src / "copied.csv", src / "exported")
+    for argv in bad_args:
+        add("9-13 bad values", lambda t, argv=argv: [str(t) if a == "{target}" else a for a in argv], name="t.out",
+            never=never)
+    for case in out:
+        if case.then:
+            case.then = [str(case.folder / "k.duckdb") if a == "{target}" else a for a in case.then]
+    return out
+
+
+def _stream_ends(path: Path) -> list[int]:
+    ends = []
+    with pa.memory_map(str(path)) as source:
+        while source.tell() < source.size():
+            for _ in ipc.open_stream(source):
+                pass
+            ends.append(source.tell())
+    return ends
+
+
+def prepare(src: Path) -> None:
+    """The sources the cases read: a run, its database, exports, and the bad files."""
+    subprocess.run([*CLI, "run", "--workload", "worked-example", "--out", str(src / "run")], check=True,
+                   capture_output=True)
+    subprocess.run([*CLI, "ingest", str(src / "run"), "--db", str(src / "run.duckdb"), "--quiet"], check=True)
+    with duckdb.connect(str(src / "old.duckdb")) as con:
+        con.execute("CREATE TABLE keep_me AS SELECT 42 AS answer")
+    arrow_export(src / "small.arrow", 50)
+    arrow_export(src / "big.arrow", 200_000)
+    subprocess.run([*CLI, "ingest", str(src / "big.arrow"), "--db", str(src / "big.duckdb"), "--quiet"], check=True)
+    with duckdb.connect(str(src / "big.duckdb"), read_only=True) as con:
+        (src / "big.tables").write_text(str(con.execute("SELECT count(*) FROM duckdb_tables()").fetchone()[0]))
+    pq.write_table(pa.table({"x": [1, 2, 3]}), src / "p.parquet")
+    (src / "deep.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    (src / "huge.jsonl").write_text('{"timestamp": 0, "input_length": 1e300, "output_length": 3}\n')
+    shutil.copytree(src / "run", src / "seed.run")
+    meta = json.loads((src / "seed.run" / "run.json").read_text())
+    meta["seed"] = 10**30
+    (src / "seed.run" / "run.json").write_text(json.dumps(meta))
+    shutil.copy(src / "run.duckdb", src / "varchar.duckdb")
+    with duckdb.connect(str(src / "varchar.duckdb")) as con:
+        con.execute("CREATE TABLE nvtx_ranges AS SELECT 'x' AS start_ns, 'y' AS end_ns, 'step' AS text")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary one)")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="itertrace-adversarial-")) if args.keep is None else args.keep
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "src").mkdir()
+    prepare(root / "src")
+    ws = Workspace(root)
+    tallies: dict[str, Tally] = {}
+    started = time.monotonic()
+    try:
+        for case in cases(ws, root / "src"):
+            status, err, lost = run(case)
+            judge(case, status, err, lost, tallies.setdefault(case.category, Tally()))
+    finally:
+        ws.close()
+        if args.keep is None:
+            shutil.rmtree(root, ignore_errors=True)
+    total = Counter()
+    print(f"{'category':<52} {'cases':>5} {'clean':>5} {'traceback':>9} {'lost':>4} {'left':>4} {'accepted':>8}  exits")
+    for name, t in sorted(tallies.items(), key=lambda kv: int(re.match(r"\d+", kv[0]).group())):
+        exits = " ".join(f"{status}x{n}" for status, n in sorted(t.exits.items()))
+        print(f"{name:<52} {t.cases:>5} {t.clean:>5} {t.tracebacks:>9} {t.lost:>4} {t.leftovers:>4} {t.accepted:>8}  "
+              f"{exits}")
+        total.update(cases=t.cases, clean=t.clean, tracebacks=t.tracebacks, lost=t.lost, leftovers=t.leftovers)
+        for note in t.notes:
+            print(f"    {note}")
+    print(f"{'all':<52} {total['cases']:>5} {total['clean']:>5} {total['tracebacks']:>9} {total['lost']:>4} "
+          f"{total['leftovers']:>4}   in {time.monotonic() - started:.0f} s")
+    print(f"tracebacks {total['tracebacks']}, data lost {total['lost']}, leftovers {total['leftovers']}")
+    return 1 if total["tracebacks"] or total["lost"] or total["leftovers"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""Values past what the machine or the file formats hold: one line and status 2, before anything is allocated
+or written, instead of OverflowError, RecursionError, ConversionException, OutOfMemoryException or a KV
+cache that grows until the kernel kills the process."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from itertrace.cli import main
+
+HUGE = ("1" + "0" * 30, str(2**63), str(2**31))
+
+
+def refused(capsys, *argv: str) -> str:
+    assert main(list(argv)) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("itertrace: error: "), captured.err
+    return lines[0]
+
+
+def nothing_left(folder: Path) -> None:
+    assert not [p.name for p in folder.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("value", HUGE)
+@pytest.mark.parametrize("flag", ["--prompt-len", "--output-len"])
+def test_a_length_past_what_the_engine_runs_is_refused(flag, value, tmp_path, capsys):
+    for text in (value, f"uniform:1:{value}", f"choice:1,{value}@0.5,0.5"):
+        line = refused(capsys, "run", "--workload", "synthetic", "--num-requests", "2", flag, text,
+                       "--out", str(tmp_path / "run"))
+        assert f"{flag} {text!r}" in line and "at most 2147483647" in line, line
+    nothing_left(tmp_path)
+
+
+@pytest.mark.parametrize("value", [*HUGE, "1e300"])
+def test_a_trace_length_past_what_the_engine_runs_is_refused(value, tmp_path, capsys):
+    jsonl = tmp_path / "trace.jsonl"
+    jsonl.write_text(json.dumps({"timestamp": 0, "input_length": 3, "output_length": 1}) + "\n"
+                     + f'{{"timestamp": 1, "input_length": {value}, "output_length": 3}}\n')
+    line = refused(capsys, "run", "--workload", str(jsonl), "--out", str(tmp_path / "run"))
+    assert f"{jsonl}:2: input_length" in line and "at most 2147483647" in line, line
+    csv = tmp_path / "trace.csv"
+    csv.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,{value},3\n")
+    line = refused(capsys, "run", "--workload", str(csv), "--out", str(tmp_path / "run"))
+    assert f"{csv}:2: bad row: ContextTokens" in line, line
+    nothing_left(tmp_path)
+
+
+def test_a_json_line_nested_too_deep_is_refused(tmp_path, capsys):
+    jsonl = tmp_path / "deep.jsonl"
+    jsonl.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    line = refused(capsys, "run", "--workload", str(jsonl), "--out", str(tmp_path / "run"))
+    assert f"{jsonl}:1: nested too deeply" in line, line
+
+
+def test_a_kv_cache_the_machine_cannot_hold_is_refused_before_it_is_allocated(tmp_path, capsys):
+    for runner in ("simulated", "torch"):
+        line = refused(capsys, "run", "--runner", runner, "--num-blocks", "1000000000000", "--workload",
+                       "worked-example", "--out", str(tmp_path / "run"))
+        assert "--num-blocks 1000000000000" in line and "this machine has" in line, line
+    line = refused(capsys, "run", "--runner", "torch", "--swap-blocks", "1000000000000", "--preemption", "swap",
+                   "--workload", "worked-example", "--out", str(tmp_path / "run"))
+    assert "--swap-blocks 1000000000000" in line, line
+    nothing_left(tmp_path)
+
+
+@pytest.mark.parametrize("limit", ["1KB", "20MB", "63MiB"])
+def test_a_memory_limit_below_what_an_ingest_needs_is_refused(limit, tmp_path, capsys):
+    run = tmp_path / "run"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["run", "--workload", "worked-example", "--out", str(run)]) == 0
+    line = refused(capsys, "ingest", str(run), "--db", str(tmp_path / "t.duckdb"), "--memory-limit", limit)
+    assert f"--memory-limit {limit}: below the 64 MiB" in line, line
+    assert main(["ingest", str(run), "--db", str(tmp_path / "t.duckdb"), "--memory-limit", "64MiB", "--quiet"]) == 0
+
+
+def test_running_out_of_memory_under_a_limit_says_which_limit(tmp_path, capsys, monkeypatch):
+    from itertrace.ingest.loader import LoadContext
+
+    def out_of_memory(self, schema, table, name=None):
+        raise duckdb.OutOfMemoryException("Out of Memory Error: failed to pin block of size 256.0 KiB")
+
+    monkeypatch.setattr(LoadContext, "write_table", out_of_memory)
+    run = tmp_path / "run"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["run", "--workload", "worked-example", "--out", str(run)]) == 0
+    line = refused(capsys, "ingest", str(run), "--db", str(tmp_path / "t.duckdb"), "--memory-limit", "100MB")
+    assert "DuckDB ran out of memory under --memory-limit 100MB" in line and "failed to pin block" in line, line
+    nothing_left(tmp_path)
+
+
+@pytest.mark.parametrize("key, value", [("seed", 10**30), ("clock_epoch_unix_ns", -(2**63) - 1)])
+def test_a_run_json_integer_past_64_bits_is_refused(key, value, tmp_path, capsys):
+    run = tmp_path / "run"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["run", "--workload", "worked-example", "--out", str(run)]) == 0
+    meta = json.loads((run / "run.json").read_text())
+    meta[key] = value
+    (run / "run.json").write_text(json.dumps(meta))
+    line = refused(capsys, "ingest", str(run), "--db", str(tmp_path / "t.duckdb"))
+    assert f"run.json: {key} {value} does not fit a 64-bit integer" in line, line
+
+
+def test_a_report_on_a_table_of_the_wrong_types_is_one_line(tmp_path, capsys):
+    run = tmp_path / "run"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["run", "--workload", "worked-example", "--out", str(run)]) == 0
+    db = tmp_path / "t.duckdb"
+    assert main(["ingest", str(run), "--db", str(db), "--quiet"]) == 0
+    with duckdb.connect(str(db)) as con:
+        con.execute("CREATE TABLE nvtx_ranges AS SELECT 'x' AS start_ns, 'y' AS end_ns, 'step' AS text")
+    line = refused(capsys, "report", "--db", str(db), "-o", str(tmp_path / "r.html"))
+    assert str(db) in line and "nvtx_ranges" in line, line
+    assert not (tmp_path / "r.html").exists()
