@@ -27,9 +27,11 @@ def target(tmp_path) -> Path:
     """Where the database would go; holds an older database that a failed ingest must leave alone."""
     db = tmp_path / "out" / "trace.duckdb"
     db.parent.mkdir()
-    db.write_bytes(b"an earlier database")
+    with duckdb.connect(str(db)) as con:  # --db replaces only a DuckDB database
+        con.execute("CREATE TABLE earlier AS SELECT 1 AS x")
+    before = db.read_bytes()
     yield db
-    assert db.read_bytes() == b"an earlier database"
+    assert db.read_bytes() == before
     assert sorted(p.name for p in db.parent.iterdir()) == ["trace.duckdb"]
 
 
