@@ -60,7 +60,9 @@ CREATE TABLE nvtx_ranges (
   depth INTEGER
 );
 
-INSERT INTO nvtx_ranges
+-- Every range with its range_id, and the columns the nesting needs; also read by nsys_store, which
+-- keeps the raw columns that nvtx_ranges does not hold beside the range_id.
+CREATE OR REPLACE TEMP VIEW _nvtx_range_numbered AS
 WITH
   trace_end AS (
     -- The last NVTX timestamp: a range still open when the capture stopped is taken to end here.
@@ -76,10 +78,14 @@ WITH
       eventType IN (59, 70) AS is_push_pop
     FROM _raw_nvtx
     WHERE eventType IN (59, 60, 70, 71)
-  ),
-  numbered AS (
-    SELECT *, row_number() OVER (ORDER BY start_ns, global_tid, end_eff DESC, _row) AS range_id
-    FROM ranges
+  )
+SELECT *, row_number() OVER (ORDER BY start_ns, global_tid, end_eff DESC, _row) AS range_id
+FROM ranges;
+
+INSERT INTO nvtx_ranges
+WITH
+  numbered AS MATERIALIZED (
+    SELECT * FROM _nvtx_range_numbered
   ),
   push_pop AS (
     SELECT range_id, global_tid, start_ns, end_eff
