@@ -29,6 +29,9 @@ STORAGE_COMPATIBILITY = "v1.0.0"
 # database small, and still let it bit-pack integers (which it does not in blocks of 32 KiB or less).
 # DuckDB 1.0 reads only 256 KiB blocks; 1.1 and newer read any size.
 BLOCK_SIZE = 65_536
+# DuckDB's own default is 80% of the machine's memory; an ingest spills to disk beyond this instead
+# (benchmarks/bench_ingest.py measures the peak memory it gives).
+DEFAULT_MEMORY_LIMIT = "512MB"
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,7 @@ class IngestOptions:
     """Settings of one ingest."""
 
     batch_rows: int = 65_536  # rows per record batch handed to DuckDB: bounds the memory a table takes
-    memory_limit: str | None = None  # DuckDB's memory_limit, e.g. "2GB"; None keeps DuckDB's default
+    memory_limit: str | None = None  # DuckDB's memory_limit, e.g. "2GB"; None: DEFAULT_MEMORY_LIMIT
     threads: int | None = None  # DuckDB worker threads; None keeps DuckDB's default
 
 
@@ -205,8 +208,7 @@ def _is_database(path: Path) -> bool:
 def _connect(path: Path, options: IngestOptions) -> duckdb.DuckDBPyConnection:
     config: dict[str, str | int] = {"storage_compatibility_version": STORAGE_COMPATIBILITY,
                                     "default_block_size": str(BLOCK_SIZE)}
-    if options.memory_limit:
-        config["memory_limit"] = options.memory_limit
+    config["memory_limit"] = options.memory_limit or DEFAULT_MEMORY_LIMIT
     if options.threads:
         config["threads"] = options.threads
     try:

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+import duckdb
+
 from itertrace.errors import UserError
-from itertrace.ingest.arrow_io import arrow_export_tables, folder_tables, table_files
+from itertrace.ingest.arrow_io import arrow_export_tables, first_line, folder_tables, table_files
 from itertrace.ingest.loader import LoadContext
 from itertrace.ingest.normalize import build_normalized_over
 from itertrace.ingest.nsys import check_report, export_arrow, find_nsys, report_version
@@ -82,6 +84,9 @@ class NsysLoader:
             columns = {name: {c.name.lower(): c.name for c in found} for name, found in sources.columns.items()}
             build_normalized_over(ctx.con, sources.relations, columns, str(path.resolve()), kind.value, ctx.progress)
             store_raw_tables(ctx, sources, tables, drop_volatile=export is not None)
+        except duckdb.OutOfMemoryException as exc:
+            raise UserError(f"{path}: DuckDB ran out of memory building the database ({first_line(exc)}); "
+                            "give it more with --memory-limit")
         finally:
             sources.close()
         if export is not None:

@@ -41,7 +41,8 @@ class Link:
     numbered: str  # SQL relation (_row, id): the raw rows the normalized table holds and their ids
     table: str  # the normalized table
     key: str  # its id column
-    columns: dict[str, str]  # raw column, lower case -> its raw value as SQL over {n} (that row) and {x} (the rest)
+    columns: dict[str, str]  # raw column, lower case -> its raw value as SQL over {n}, that normalized row
+    rows: str | None = None  # which rows of the normalized table came from this raw table, where not all did
 
 
 @dataclass(frozen=True)
@@ -55,10 +56,10 @@ class Held:
 
 _PAYLOADS = {"int64value": "{n}.int64_value", "uint64value": _UBIGINT_TO_BIGINT.format(c="{n}.uint64_value"),
              "doublevalue": "{n}.double_value", "uint32value": "{n}.uint32_value", "int32value": "{n}.int32_value"}
-# nvtx_ranges.text and nvtx_marks.text are the inline text, else the registered string; `_text_null`
-# says the raw row had no inline text.
-_NVTX = {"category": "{n}.category_id", "color": "{n}.color", "globaltid": "{n}.global_tid",
-         "text": "CASE WHEN {x}._text_null THEN NULL ELSE {n}.text END", **_PAYLOADS}
+# nvtx_ranges.text and nvtx_marks.text are the inline text, else the registered string: where some raw
+# rows have inline text and some not, the hidden table's `_text_null` says which had none.
+_NVTX = {"category": "{n}.category_id", "color": "{n}.color", "globaltid": "{n}.global_tid", "text": "{n}.text",
+         **_PAYLOADS}
 _GPU = {"start": "{n}.start_ns", "end": "{n}.end_ns", "deviceid": "{n}.device_id", "contextid": "{n}.context_id",
         "streamid": "{n}.stream_id", "correlationid": "{n}.correlation_id", "globalpid": "{n}.global_pid"}
 _GPU_BYTES = {**_GPU, "bytes": "{n}.bytes"}
@@ -66,7 +67,7 @@ _GPU_BYTES = {**_GPU, "bytes": "{n}.bytes"}
 
 def _gpu_link(kind: str, columns: dict[str, str]) -> Link:
     return Link(f"(SELECT _row, gpu_op_id AS id FROM _gpu_op_numbered WHERE kind = '{kind}')", "gpu_ops",
-                "gpu_op_id", columns)
+                "gpu_op_id", columns, f"kind = '{kind}'")
 
 
 HELD = (
@@ -129,34 +130,31 @@ def _comment(ctx: LoadContext, kind: str, name: str, text: str) -> None:
 def _store_held(ctx: LoadContext, sources: Sources, name: str, spec: Held) -> None:
     """The hidden table of what the normalized tables do not hold, and the view that joins it back."""
     ctx.progress.phase(f"writing {name}")
-    columns = sources.columns[name]
-    adapter = {column.lower(): kind for view in RAW_VIEWS if view.view == spec.adapter for column, kind in view.columns}
-    # A raw column is read back from a normalized table only if the normalized SQL read it with its own type.
-    derived = [[c.name for c in columns if c.name.lower() in link.columns and adapter.get(c.name.lower()) == c.kind]
-               for link in spec.links]
+    plan = _plan_held(ctx, sources, name, spec)
     keys = [f"_{link.key}" for link in spec.links]
     hidden = f"_{name}"
     select = [f"l{i}.id AS {quote(key)}" for i, key in enumerate(keys)]
-    text = next((c for names in derived for c in names if c.lower() == "text"), None)
-    if text is not None:
-        select.append(f"r.{quote(text)} IS NULL AS _text_null")
-    for column in columns:
-        holders = [i for i, names in enumerate(derived) if column.name in names]
+    if plan.text_flag:
+        select.append(f"r.{quote(plan.text_flag)} IS NULL AS _text_null")
+    for column in sources.columns[name]:
+        if column.name not in plan.kept:
+            continue
+        holders = [i for i, names in enumerate(plan.derived) if column.name in names]
         value = f"r.{quote(column.name)}"
         if holders:
             unheld = " AND ".join(f"l{i}.id IS NULL" for i in holders)
             value = f"CASE WHEN {unheld} THEN {value} END"
         select.append(f"{value} AS {quote(column.name)}")
+    # In the export's row order (DuckDB keeps the order of the probe side of each join, the raw rows).
     joins = " ".join(f"LEFT JOIN {link.numbered} AS l{i} ON l{i}._row = r.{ROW}" for i, link in enumerate(spec.links))
-    order = ", ".join([f"l{i}.id" for i in range(len(spec.links))] + [f"r.{ROW}"])
     ctx.con.execute(f"CREATE TABLE {SCHEMA}.{quote(hidden)} AS SELECT {', '.join(select)} "
-                    f"FROM {sources.relations[name]} AS r {joins} ORDER BY {order}")
+                    f"FROM {sources.relations[name]} AS r {joins}")
     view = []
-    for column in columns:
-        cases = [f"WHEN x.{quote(keys[i])} IS NOT NULL THEN CAST({link.columns[column.name.lower()].format(n=f'n{i}', x='x')}"
-                 f" AS {column.kind})" for i, link in enumerate(spec.links) if column.name in derived[i]]
-        value = f"x.{quote(column.name)}"
-        view.append(f"CASE {' '.join(cases)} ELSE {value} END AS {quote(column.name)}" if cases else value)
+    for column in sources.columns[name]:
+        cases = [f"WHEN x.{quote(keys[i])} IS NOT NULL THEN CAST({_held_value(link, column.name, plan, i)} AS {column.kind})"
+                 for i, link in enumerate(spec.links) if column.name in plan.derived[i]]
+        rest = f"x.{quote(column.name)}" if column.name in plan.kept else f"CAST(NULL AS {column.kind or 'VARCHAR'})"
+        view.append(f"CASE {' '.join(cases)} ELSE {rest} END AS {quote(column.name)}" if cases else f"{rest} AS {quote(column.name)}")
     joins = " ".join(f"LEFT JOIN main.{link.table} AS n{i} ON n{i}.{link.key} = x.{quote(keys[i])}"
                      for i, link in enumerate(spec.links))
     ctx.con.execute(f"CREATE VIEW {SCHEMA}.{quote(name)} AS SELECT {', '.join(view)} "
@@ -165,8 +163,51 @@ def _store_held(ctx: LoadContext, sources: Sources, name: str, spec: Held) -> No
     _comment(ctx, "VIEW", name, _NOTE.format(name=name) + f"; a view: the columns {held_by} holds are read from there, "
              f"the others from {SCHEMA}.{hidden}.")
     _comment(ctx, "TABLE", hidden, f"The columns of {SCHEMA}.{name} that {held_by} does not hold, with the id of the "
-             f"row each raw row became ({', '.join(keys)}; NULL for rows kept whole); read it through the view {SCHEMA}.{name}.")
+             f"row each raw row became ({', '.join(keys)}; NULL for rows kept whole) and no column that would hold "
+             f"only NULLs; read it through the view {SCHEMA}.{name}.")
     _count(ctx, sources.rows[name])
+
+
+@dataclass(frozen=True)
+class _HeldPlan:
+    """Which raw columns each link gives back, and which the hidden table keeps."""
+
+    derived: list[list[str]]  # per link, the raw columns read back from its normalized table
+    kept: set[str]  # raw columns the hidden table stores (for rows no link gives them back)
+    text_flag: str | None  # the text column, where the hidden table must say which rows had no inline text
+
+
+def _plan_held(ctx: LoadContext, sources: Sources, name: str, spec: Held) -> _HeldPlan:
+    columns = sources.columns[name]
+    adapter = {column.lower(): kind for view in RAW_VIEWS if view.view == spec.adapter for column, kind in view.columns}
+    # A raw column is read back from a normalized table only if the normalized SQL read it with its own type.
+    derived = [[c.name for c in columns if c.name.lower() in link.columns and adapter.get(c.name.lower()) == c.kind]
+               for link in spec.links]
+    counts = ", ".join(["count(*)"] + [f"count({quote(c.name)})" for c in columns])
+    total, *present = ctx.con.execute(f"SELECT {counts} FROM {sources.relations[name]}").fetchone()
+    raw = dict(zip((c.name for c in columns), present))
+    given = {c.name: 0 for c in columns}  # non-NULL values the links give back, per raw column
+    for i, link in enumerate(spec.links):
+        names = [c for c in derived[i] if c.lower() != "text"]
+        if names:
+            sums = ", ".join(f"count({link.columns[c.lower()].format(n='n', x='x')})" for c in names)
+            where = f" WHERE {link.rows}" if link.rows else ""
+            for column, n in zip(names, ctx.con.execute(f"SELECT {sums} FROM main.{link.table} AS n{where}").fetchone()):
+                given[column] += n
+    text = next((c for names in derived for c in names if c.lower() == "text"), None)
+    text_flag = text if text is not None and 0 < raw[text] < total else None
+    if text is not None and raw[text] == 0:  # no row had inline text: the registered strings are not raw text
+        derived = [[c for c in names if c != text] for names in derived]
+    held = {c for names in derived for c in names}
+    # A column a link gives back is kept for the rows none does; text, whose rows the counts cannot tell, if any.
+    kept = {c.name for c in columns if raw[c.name] > (0 if c.name not in held or c.name == text else given[c.name])}
+    return _HeldPlan(derived, kept, text_flag)
+
+
+def _held_value(link: Link, column: str, plan: _HeldPlan, i: int) -> str:
+    if column == plan.text_flag:
+        return f"CASE WHEN x._text_null THEN NULL ELSE n{i}.{column} END"
+    return link.columns[column.lower()].format(n=f"n{i}", x="x")
 
 
 def _store_small(ctx: LoadContext, sources: Sources, tables: list[TableStream], drop_volatile: bool) -> None:

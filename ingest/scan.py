@@ -123,11 +123,16 @@ def _parquet_text_is_utf8(side: duckdb.DuckDBPyConnection, table: TableStream) -
     return True
 
 
+def row_numbers(rows: int) -> pa.Array:
+    """0, 1, ..., rows - 1 as an int64 array (from numpy's buffer: pa.array on an ndarray imports pandas)."""
+    return pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(np.arange(rows, dtype=np.int64))])
+
+
 def _arrow_base(con: duckdb.DuckDBPyConnection, table: TableStream, name: str,
                 sources: Sources) -> tuple[str, dict[str, str]]:
     whole = table.whole() if table.whole is not None else pq.read_table(table.file)
     arrow = arrow_for_duckdb(whole)
-    arrow = arrow.append_column(ROW, pa.array(np.arange(arrow.num_rows, dtype=np.int64)))
+    arrow = arrow.append_column(ROW, row_numbers(arrow.num_rows))
     con.register(name, arrow)
     sources._registered.append(name)
     kinds = {f.name: _duckdb_type(f.type) if f.type in (pa.int64(), pa.float64(), pa.string()) else "other"
