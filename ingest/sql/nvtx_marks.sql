@@ -42,12 +42,11 @@ CREATE TABLE nvtx_marks (
   json_text VARCHAR
 );
 
--- Every mark with its mark_id, in mark_id order; also read by nsys_store.
+-- Every mark with its mark_id; also read by nsys_store.
 CREATE OR REPLACE TEMP TABLE _nvtx_mark_numbered AS
 SELECT _row, row_number() OVER (ORDER BY start, globalTid, _row) AS mark_id
 FROM _raw_nvtx
-WHERE eventType = 34
-ORDER BY mark_id;
+WHERE eventType = 34;
 
 INSERT INTO nvtx_marks
 SELECT

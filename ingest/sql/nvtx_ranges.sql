@@ -60,7 +60,7 @@ CREATE TABLE nvtx_ranges (
   depth INTEGER
 );
 
--- Every range with its range_id and the columns the nesting needs, in range_id order; also read by
+-- Every range with its range_id and the columns the nesting needs; also read by
 -- nsys_store, which keeps the raw columns nvtx_ranges does not hold beside the range_id.
 CREATE OR REPLACE TEMP TABLE _nvtx_range_numbered AS
 WITH
@@ -80,8 +80,10 @@ WITH
     WHERE eventType IN (59, 60, 70, 71)
   )
 SELECT *, row_number() OVER (ORDER BY start_ns, global_tid, end_eff DESC, _row) AS range_id
-FROM ranges
-ORDER BY range_id;
+FROM ranges;
+
+-- The nesting's helper tables are joined on ids, never read in order: DuckDB may build them in any.
+SET preserve_insertion_order = false;
 
 -- Every push/pop range's depth: the ranges open on its thread when it opens.
 CREATE OR REPLACE TEMP TABLE _nvtx_depths AS
@@ -124,6 +126,8 @@ FROM _nvtx_range_numbered
 WHERE NOT is_push_pop;
 
 DROP TABLE _nvtx_depths;
+
+RESET preserve_insertion_order;
 
 -- In the export's row order, which for nsys's exports (sorted by start) is close to range_id order:
 -- sorting a table this wide would cost more than building it.
