@@ -30,6 +30,20 @@ before (the ingest as it was, one run, load 1.7): NVTX-only 1,000,000 ranges + 2
 3.25 s, 728 MB; ingest .nsys-rep 5.04 s, 725 MB (256MB limit: 5.47 s, 412 MB); database 37.0 MB (2.4x
 the report). GPU-shaped 10,026,185 rows (in process, load 0.5): 34.1 s, 294,000 rows/s, database
 463 MB. sample_traces: 18.1 MB (static) and about 17 MB (continuous) for reports of 0.44 MB (41x).
+
+after (tables read in place, each nsys value stored once, 64 KiB blocks, 512MB default limit; two runs
+of this script, 2 runs of each command, load 3.3 -> 2.8 and 0.6 -> 6.0): NVTX-only: SQLite path 3.63 and
+3.31 s; Arrow export 1.35 / 1.16 s; ingest .arrow 4.33 / 4.24 s, 580-588 MB (0.84x / 0.78x the SQLite
+path's speed); ingest .nsys-rep 5.86 / 5.26 s (4.35x / 4.54x the export), 256MB limit 5.50 / 4.42 s,
+486-490 MB; database 18.0 MB (1.15x the report). GPU-shaped 10,026,185 rows: 36.5 / 46.8 s (275,000 /
+214,000 rows/s), 690-696 MB; 256MB limit 74.5 / 73.9 s, 478-480 MB; database 336 MB. sample_traces:
+1.65 / 1.72 MB (3.8x the report; 2.2 MB, 5.0x, with the run directory). The code as it was, through this
+script in the same session right after (load 2.8 -> 1.5): ingest .arrow 3.57 s, 761 MB (SQLite path
+4.15 s); GPU-shaped 26.0 s, 3,537 MB peak RSS (256MB limit: 61.2 s, 666 MB). Alternating old and new
+in turn (variants of one command, 3 runs each, load 1.3-5): CPU seconds 5.0-5.1 old, 4.6-4.9 new; wall
+within the machine's noise. Where the time goes (1M ranges, CPU s): writing nvtx_ranges' 26 columns
+~1.0 (DuckDB costs ~35 ns a value, NULL columns included), its joins 0.5, the nesting's sorts 0.7, the
+range and mark numbering 0.3, nvtx_marks 0.35, nsys._NVTX_EVENTS 0.3-0.5, start-up and checkpoint 0.5.
 """
 from __future__ import annotations
 
