@@ -51,9 +51,8 @@ class Sources:
         self._registered.clear()
 
 
-def open_sources(con: duckdb.DuckDBPyConnection, tables: list[TableStream],
-                 where: dict[str, str] | None = None) -> Sources:
-    """Relations over `tables`; `where` filters the rows of the tables it names (a SQL condition)."""
+def open_sources(con: duckdb.DuckDBPyConnection, tables: list[TableStream]) -> Sources:
+    """Relations over `tables`, registered on `con`."""
     sources = Sources(con)
     with duckdb.connect() as side:  # reads Parquet text to see that it is UTF-8, outside the ingest's transaction
         for i, table in enumerate(tables):
@@ -63,8 +62,7 @@ def open_sources(con: duckdb.DuckDBPyConnection, tables: list[TableStream],
                 base, kinds = _arrow_base(con, table, f"_ingest_source_{i}", sources)
             columns = tuple(Column(f.name, uniform_sql_type(f.type)) for f in table.schema)
             select = ", ".join(_cast(c.name, kinds[c.name], c.kind) for c in columns)
-            condition = f" WHERE {where[table.name]}" if where and table.name in where else ""
-            sources.relations[table.name] = f"(SELECT {select}{', ' if select else ''}{ROW} FROM {base}{condition})"
+            sources.relations[table.name] = f"(SELECT {select}{', ' if select else ''}{ROW} FROM {base})"
             sources.columns[table.name] = columns
             sources.rows[table.name] = table.num_rows
     return sources
