@@ -1,17 +1,49 @@
-"""Benchmark (not a test): ingest of a large real nsys capture, beside nsys's own SQLite export + nvtxsum.
+"""Benchmark (not a test): ingest of large captures, beside nsys's own SQLite export + nvtxsum, side by side.
 
-Captures a Python program that emits STEPS nested NVTX push/pop ranges per step (a `step` range with
-the step number as payload around `schedule`, `forward`, `sample`, each with a payload) plus one mark
-per step, under `nsys profile --trace=nvtx,osrt`, then measures in one run, each in its own process:
+Two captures, each command in its own process, each run `--repeat` times in turn (the table shows the
+fastest run and its peak memory; the JSON keeps every run):
 
-- `itertrace ingest REPORT.nsys-rep` (nsys export to Arrow included): wall time, rows/s, peak memory;
-- the same with `--memory-limit`, to show memory bounded by the limit rather than the trace;
-- the parts: `nsys export --type arrow` alone, and `itertrace ingest` of that .arrow alone;
-- `nsys export --type sqlite` and `nsys stats --report nvtxsum` on that .sqlite.
+- **NVTX-only**: a Python program emitting STEPS `step` push/pop ranges (payload = step number) around
+  `schedule`, `forward`, `sample` ranges, plus one `arrive` mark per step, under
+  `nsys profile --trace=nvtx,osrt` (250,000 steps: 1,000,000 ranges + 250,000 marks). Measured:
+  `nsys export --type sqlite` + `nsys stats --report nvtxsum` on the .sqlite (the path a user has
+  today), `nsys export --type arrow` alone, `itertrace ingest` of that .arrow (the DuckDB work),
+  `itertrace ingest` of the .nsys-rep (export included), and the same with `--memory-limit`.
+- **GPU-shaped**: the real 2x H100 export `../shared/nsys_samples/h100_2gpu_1s_pqtdir` (kernels,
+  runtime API calls, memcpys, NVTX ranges from PyTorch and NCCL) repeated to at least `--gpu-rows`
+  rows (`gpu_capture.py`: copy k shifted k capture-spans later in time, its correlation, grid and range
+  ids shifted past copy k-1's) as a parquetdir export. It has no .nsys-rep, so no nsys commands:
+  `itertrace ingest` of it with the default memory limit and with `--memory-limit`.
 
-Peak memory is the peak RSS of the process and its waited-for children (wait4), and the peak anonymous
-RSS of the process itself (sampled from /proc every 20 ms; file-backed pages of the memory-mapped
-Arrow export are not counted there). Usage: python benchmarks/bench_ingest.py [--steps N] [--out DIR]
+Ratios: the SQLite path over the .arrow ingest (target >= 10), the .nsys-rep ingest over the Arrow
+export (target <= 1.5), rows/s of the GPU-shaped ingest (target >= 2,000,000), peak RSS (target < 1 GB
+by default), and each database's size over its .nsys-rep's (target <= 2; also for `sample_traces/`).
+Wall times are the whole process (interpreter start included); `ingest s` is the ingest's own clock,
+from its closing line. Peak RSS is the process and its waited-for children (wait4; file-backed pages of
+a memory-mapped Arrow export count), peak anon the process's anonymous memory, sampled every 20 ms.
+
+Usage: python benchmarks/bench_ingest.py [--steps N] [--gpu-rows N] [--repeat N] [--out DIR] [--json FILE]
+
+Figures (2 cores shared with other work; load average beside each):
+before (the ingest as it was, one run, load 1.7): NVTX-only 1,000,000 ranges + 250,000 marks, report
+15.7 MB: SQLite path 3.09 s (export 1.99 + nvtxsum 1.09); Arrow export 1.45 s, 197 MB; ingest .arrow
+3.25 s, 728 MB; ingest .nsys-rep 5.04 s, 725 MB (256MB limit: 5.47 s, 412 MB); database 37.0 MB (2.4x
+the report). GPU-shaped 10,026,185 rows (in process, load 0.5): 34.1 s, 294,000 rows/s, database
+463 MB. sample_traces: 18.1 MB (static) and about 17 MB (continuous) for reports of 0.44 MB (41x).
+
+after (tables read in place, each nsys value stored once, 64 KiB blocks, 512MB default limit; two runs
+of this script, 2 runs of each command, load 3.3 -> 2.8 and 0.6 -> 6.0): NVTX-only: SQLite path 3.63 and
+3.31 s; Arrow export 1.35 / 1.16 s; ingest .arrow 4.33 / 4.24 s, 580-588 MB (0.84x / 0.78x the SQLite
+path's speed); ingest .nsys-rep 5.86 / 5.26 s (4.35x / 4.54x the export), 256MB limit 5.50 / 4.42 s,
+486-490 MB; database 18.0 MB (1.15x the report). GPU-shaped 10,026,185 rows: 36.5 / 46.8 s (275,000 /
+214,000 rows/s), 690-696 MB; 256MB limit 74.5 / 73.9 s, 478-480 MB; database 336 MB. sample_traces:
+1.65 / 1.72 MB (3.8x the report; 2.2 MB, 5.0x, with the run directory). The code as it was, through this
+script in the same session right after (load 2.8 -> 1.5): ingest .arrow 3.57 s, 761 MB (SQLite path
+4.15 s); GPU-shaped 26.0 s, 3,537 MB peak RSS (256MB limit: 61.2 s, 666 MB). Alternating old and new
+in turn (variants of one command, 3 runs each, load 1.3-5): CPU seconds 5.0-5.1 old, 4.6-4.9 new; wall
+within the machine's noise. Where the time goes (1M ranges, CPU s): writing nvtx_ranges' 26 columns
+~1.0 (DuckDB costs ~35 ns a value, NULL columns included), its joins 0.5, the nesting's sorts 0.7, the
+range and mark numbering 0.3, nvtx_marks 0.35, nsys._NVTX_EVENTS 0.3-0.5, start-up and checkpoint 0.5.
 """
 from __future__ import annotations
 
@@ -19,6 +51,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,8 +60,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import gpu_capture
+
 from itertrace.ingest.nsys import Nsys, find_nsys, profile
 
+ROOT = Path(__file__).resolve().parents[1]
+H100 = ROOT.parent / "shared" / "nsys_samples" / "h100_2gpu_1s_pqtdir"
+SAMPLES = ROOT / "sample_traces"
 PROGRAM = """
 import sys
 import nvtx
@@ -41,6 +79,7 @@ for step in range(int(sys.argv[1])):
     nvtx.mark("arrive", domain="itertrace", payload=step)
     nvtx.pop_range(domain="itertrace")
 """
+_CLOSING = re.compile(r"itertrace: ingested ([\d,]+) rows .* in ([\d.]+) s \(([\d,]+) rows/s\)")
 
 
 @dataclass(frozen=True)
@@ -51,34 +90,35 @@ class Run:
     wall_s: float
     peak_rss_mb: float  # the process and its waited-for children
     peak_anon_mb: float  # the process itself, sampled
-    returncode: int
+    ingest_s: float | None = None  # the ingest's own clock (its closing line)
+    rows: int | None = None
 
 
-def measure(name: str, argv: list[str]) -> tuple[Run, str]:
-    """Run `argv` to completion; its measurements and its stderr."""
+def measure(name: str, argv: list[str]) -> Run:
+    """Run `argv` to completion and measure it."""
     with tempfile.TemporaryFile("w+") as err:
         started = time.perf_counter()
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
         peak_anon = _sample_anon(proc.pid)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - started
-        proc.returncode = os.waitstatus_to_exitcode(status)
         err.seek(0)
         stderr = err.read()
-    run = Run(name, wall, usage.ru_maxrss / 1024, peak_anon() / 1024, proc.returncode)
-    if run.returncode != 0:
-        raise SystemExit(f"{name} failed (exit {run.returncode}): {stderr.strip()[-500:]}")
-    return run, stderr
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise SystemExit(f"{name} failed (exit {code}): {stderr.strip()[-500:]}")
+    found = _CLOSING.search(stderr)
+    ingest_s, rows = (float(found.group(2)), int(found.group(1).replace(",", ""))) if found else (None, None)
+    return Run(name, wall, usage.ru_maxrss / 1024, peak_anon() / 1024, ingest_s, rows)
 
 
 def _sample_anon(pid: int):
     peak = [0]
 
     def sample() -> None:
-        path = f"/proc/{pid}/status"
         while True:
             try:
-                with open(path) as status:
+                with open(f"/proc/{pid}/status") as status:
                     for line in status:
                         if line.startswith("RssAnon:"):
                             peak[0] = max(peak[0], int(line.split()[1]))
@@ -96,70 +136,170 @@ def _sample_anon(pid: int):
     return result
 
 
-def capture(out: Path, steps: int, nsys: Nsys) -> tuple[Path, float]:
-    """The report of STEPS steps (made once, reused after), and the seconds the capture took."""
+def nvtx_capture(out: Path, steps: int, nsys: Nsys) -> Path:
+    """The report of STEPS steps (made once, reused after)."""
     report = out / f"nvtx_{steps}.nsys-rep"
-    if report.is_file():
-        return report, float("nan")
-    program = out / "emit_nvtx.py"
-    program.write_text(PROGRAM)
-    started = time.perf_counter()
-    done = profile([sys.executable, str(program), str(steps)], report, nsys, traces=("nvtx", "osrt"),
-                   log=out / "nsys-profile.log")
-    if done.returncode != 0:
-        raise SystemExit(f"the profiled program failed; see {out / 'nsys-profile.log'}")
-    return report, time.perf_counter() - started
+    if not report.is_file():
+        program = out / "emit_nvtx.py"
+        program.write_text(PROGRAM)
+        done = profile([sys.executable, str(program), str(steps)], report, nsys, traces=("nvtx", "osrt"),
+                       log=out / "nsys-profile.log")
+        if done.returncode != 0:
+            raise SystemExit(f"the profiled program failed; see {out / 'nsys-profile.log'}")
+    return report
+
+
+def gpu_export(out: Path, rows: int) -> tuple[Path, int]:
+    """The GPU-shaped parquetdir export of at least `rows` rows (made once, reused after), and its copies."""
+    tables = gpu_capture.source_tables(H100)
+    copies = gpu_capture.copies_for(tables, rows)
+    folder = out / f"gpu_{copies}x_pqtdir"
+    if not folder.is_dir():
+        partial = out / f".{folder.name}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        gpu_capture.write_capture(tables, copies, partial)
+        partial.rename(folder)
+    return folder, copies
+
+
+def in_turn(commands: list[tuple[str, list[str]]], repeat: int) -> dict[str, list[Run]]:
+    """Every command `repeat` times, round by round, so that a slow spell of the machine hits all alike."""
+    runs: dict[str, list[Run]] = {name: [] for name, _ in commands}
+    for _ in range(repeat):
+        for name, argv in commands:
+            runs[name].append(measure(name, argv))
+    return runs
+
+
+def best(runs: list[Run]) -> Run:
+    return min(runs, key=lambda run: run.wall_s)
+
+
+def size_mb(path: Path) -> float:
+    return path.stat().st_size / 1e6
+
+
+def nvtx_benchmark(args: argparse.Namespace, nsys: Nsys) -> dict:
+    """The NVTX-only capture's table: nsys's SQLite path, the Arrow export, and the ingests."""
+    out = args.out
+    report = nvtx_capture(out, args.steps, nsys)
+    arrow, sqlite, db = out / "export.arrow", out / "export.sqlite", out / "nvtx.duckdb"
+    ingest = [sys.executable, "-m", "itertrace.cli", "ingest", "--db", str(db)]
+    exe = str(nsys.executable)
+    runs = in_turn([
+        ("nsys export --type sqlite", [exe, "export", "--type", "sqlite", "-f", "true", "-q", "true",
+                                       "-o", str(sqlite), str(report)]),
+        ("nsys stats --report nvtxsum", [exe, "stats", "--report", "nvtxsum", "--format", "csv", "--output", "-",
+                                         str(sqlite)]),
+        ("nsys export --type arrow", [exe, "export", "--type", "arrow", "-f", "true", "-q", "true",
+                                      "-o", str(arrow), str(report)]),
+        ("itertrace ingest .arrow", [*ingest, str(arrow)]),
+        ("itertrace ingest .nsys-rep", [*ingest, str(report)]),
+        (f"itertrace ingest .nsys-rep --memory-limit {args.memory_limit}",
+         [*ingest, "--memory-limit", args.memory_limit, str(report)]),
+    ], args.repeat)
+    shown = {name: best(found) for name, found in runs.items()}
+    sqlite_path = shown["nsys export --type sqlite"].wall_s + shown["nsys stats --report nvtxsum"].wall_s
+    ratios = {
+        "sqlite_path_over_arrow_ingest": sqlite_path / shown["itertrace ingest .arrow"].wall_s,
+        "nsys_rep_ingest_over_arrow_export": shown["itertrace ingest .nsys-rep"].wall_s / shown["nsys export --type arrow"].wall_s,
+        "database_over_report": size_mb(db) / size_mb(report),
+    }
+    return {"capture": f"{args.steps:,} steps", "report_mb": size_mb(report), "database_mb": size_mb(db),
+            "sqlite_path_s": sqlite_path, "ratios": ratios,
+            "runs": {name: [asdict(run) for run in found] for name, found in runs.items()}, "shown": shown}
+
+
+def gpu_benchmark(args: argparse.Namespace) -> dict:
+    """The GPU-shaped capture's table: its ingest with the default and a given memory limit."""
+    folder, copies = gpu_export(args.out, args.gpu_rows)
+    db = args.out / "gpu.duckdb"
+    ingest = [sys.executable, "-m", "itertrace.cli", "ingest", "--db", str(db)]
+    runs = in_turn([
+        ("itertrace ingest parquetdir", [*ingest, str(folder)]),
+        (f"itertrace ingest parquetdir --memory-limit {args.gpu_memory_limit}",
+         [*ingest, "--memory-limit", args.gpu_memory_limit, str(folder)]),
+    ], args.repeat)
+    shown = {name: best(found) for name, found in runs.items()}
+    first = shown["itertrace ingest parquetdir"]
+    ratios = {"rows_per_s_wall": first.rows / first.wall_s, "rows_per_s_ingest": first.rows / first.ingest_s}
+    return {"capture": f"h100_2gpu_1s_pqtdir x {copies}", "rows": first.rows, "export_mb": _folder_mb(folder),
+            "database_mb": size_mb(db), "ratios": ratios,
+            "runs": {name: [asdict(run) for run in found] for name, found in runs.items()}, "shown": shown}
+
+
+def sample_sizes(out: Path) -> list[dict]:
+    """Each sample trace's database (its capture alone, and with its run directory) against its report."""
+    sizes = []
+    for folder in sorted(SAMPLES.glob("worked-example-*")):
+        report = folder / "report.nsys-rep"
+        row = {"sample": folder.name, "report_mb": size_mb(report)}
+        for label, sources in (("capture", [report]), ("with_run", [folder / "run", report])):
+            db = out / f"{folder.name}-{label}.duckdb"
+            subprocess.run([sys.executable, "-m", "itertrace.cli", "ingest", "--quiet", "--db", str(db),
+                            *map(str, sources)], check=True)
+            row[f"{label}_mb"] = size_mb(db)
+        sizes.append(row)
+    return sizes
+
+
+def _folder_mb(folder: Path) -> float:
+    return sum(file.stat().st_size for file in folder.iterdir()) / 1e6
+
+
+def print_table(title: str, shown: dict[str, Run]) -> None:
+    print(title)
+    print(f"| {'command':56} | {'wall s':>7} | {'ingest s':>8} | {'peak RSS MB':>11} | {'peak anon MB':>12} |")
+    print(f"| {'-' * 56} | {'-' * 7} | {'-' * 8} | {'-' * 11} | {'-' * 12} |")
+    for run in shown.values():
+        ingest_s = f"{run.ingest_s:8.2f}" if run.ingest_s is not None else " " * 8
+        print(f"| {run.name:56} | {run.wall_s:7.2f} | {ingest_s} | {run.peak_rss_mb:11.0f} | {run.peak_anon_mb:12.0f} |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=250_000, help="steps; 4 ranges and 1 mark each (default 250000)")
+    parser.add_argument("--steps", type=int, default=250_000, help="NVTX-only capture: steps, 4 ranges and 1 mark each")
+    parser.add_argument("--gpu-rows", type=int, default=10_000_000, help="GPU-shaped capture: at least this many rows")
+    parser.add_argument("--repeat", type=int, default=2, help="runs of each command, in turn (default 2)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/itertrace-bench"), help="where captures go")
-    parser.add_argument("--memory-limit", default="256MB", help="DuckDB memory limit of the bounded run")
+    parser.add_argument("--memory-limit", default="256MB", help="DuckDB memory limit of the NVTX-only bounded run")
+    parser.add_argument("--gpu-memory-limit", default="256MB", help="DuckDB memory limit of the GPU-shaped bounded run")
+    parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
+    parser.add_argument("--skip", choices=("nvtx", "gpu", "samples"), action="append", default=[],
+                        help="leave a part out (repeatable)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    nsys = find_nsys()
-    report, capture_s = capture(args.out, args.steps, nsys)
-    arrow, sqlite = args.out / "export.arrow", args.out / "export.sqlite"
-    db = args.out / "trace.duckdb"
-    ingest_cmd = [sys.executable, "-m", "itertrace.cli", "ingest", "--db", str(db)]
-    nsys_cmd = [str(nsys.executable)]
-    runs: list[Run] = []
-    closing: dict[str, str] = {}
-    for name, argv in [
-        ("itertrace ingest .nsys-rep", [*ingest_cmd, str(report)]),
-        (f"itertrace ingest .nsys-rep --memory-limit {args.memory_limit}",
-         [*ingest_cmd, "--memory-limit", args.memory_limit, str(report)]),
-        ("nsys export --type arrow", [*nsys_cmd, "export", "--type", "arrow", "-f", "true", "-q", "true",
-                                      "-o", str(arrow), str(report)]),
-        ("itertrace ingest .arrow", [*ingest_cmd, str(arrow)]),
-        ("nsys export --type sqlite", [*nsys_cmd, "export", "--type", "sqlite", "-f", "true", "-q", "true",
-                                       "-o", str(sqlite), str(report)]),
-        ("nsys stats --report nvtxsum (.sqlite)", [*nsys_cmd, "stats", "--report", "nvtxsum", "--format", "csv",
-                                                   "--output", "-", str(sqlite)]),
-    ]:
-        run, stderr = measure(name, argv)
-        runs.append(run)
-        found = re.search(r"itertrace: ingested .*", stderr)
-        if found:
-            closing[name] = found.group(0)
-    import duckdb
-
-    with duckdb.connect(str(db), read_only=True) as con:
-        ranges, marks = con.execute("SELECT (SELECT count(*) FROM nvtx_ranges), (SELECT count(*) FROM nvtx_marks)").fetchone()
-    by_name = {run.name: run for run in runs}
-    sqlite_path_s = by_name["nsys export --type sqlite"].wall_s + by_name["nsys stats --report nvtxsum (.sqlite)"].wall_s
-    print(f"capture: {args.steps:,} steps -> {ranges:,} NVTX ranges + {marks:,} marks; "
-          f"nsys profile + import took {capture_s:.1f} s; report {report.stat().st_size / 1e6:.1f} MB")
-    print(f"{'command':58} {'wall s':>8} {'peak RSS MB':>12} {'peak anon MB':>13}")
-    for run in runs:
-        print(f"{run.name:58} {run.wall_s:8.2f} {run.peak_rss_mb:12.0f} {run.peak_anon_mb:13.0f}")
-    print(f"{'nsys export --type sqlite + nsys stats nvtxsum':58} {sqlite_path_s:8.2f}")
-    for name, line in closing.items():
-        print(f"{name}: {line}")
-    summary = {"steps": args.steps, "nvtx_ranges": ranges, "nvtx_marks": marks, "capture_s": capture_s,
-               "runs": [asdict(run) for run in runs], "closing_lines": closing}
-    (args.out / "bench_ingest.json").write_text(json.dumps(summary, indent=2))
+    load = os.getloadavg()
+    summary: dict = {"load_average": load, "repeat": args.repeat}
+    if "nvtx" not in args.skip:
+        nvtx = nvtx_benchmark(args, find_nsys())
+        print_table(f"NVTX-only capture ({nvtx['capture']}; report {nvtx['report_mb']:.1f} MB, database "
+                    f"{nvtx['database_mb']:.1f} MB)", nvtx["shown"])
+        r = nvtx["ratios"]
+        print(f"nsys SQLite path (export + nvtxsum) {nvtx['sqlite_path_s']:.2f} s = "
+              f"{r['sqlite_path_over_arrow_ingest']:.2f}x the .arrow ingest (target >= 10); "
+              f".nsys-rep ingest = {r['nsys_rep_ingest_over_arrow_export']:.2f}x the Arrow export (target <= 1.5); "
+              f"database = {r['database_over_report']:.2f}x the report (target <= 2)")
+        summary["nvtx"] = {key: value for key, value in nvtx.items() if key != "shown"}
+    if "gpu" not in args.skip:
+        gpu = gpu_benchmark(args)
+        print_table(f"GPU-shaped capture ({gpu['capture']}: {gpu['rows']:,} rows, parquetdir {gpu['export_mb']:.0f} MB, "
+                    f"database {gpu['database_mb']:.0f} MB)", gpu["shown"])
+        r = gpu["ratios"]
+        print(f"{r['rows_per_s_wall']:,.0f} rows/s for the whole process, {r['rows_per_s_ingest']:,.0f} rows/s by the "
+              "ingest's own clock (target >= 2,000,000)")
+        summary["gpu"] = {key: value for key, value in gpu.items() if key != "shown"}
+    if "samples" not in args.skip:
+        sizes = sample_sizes(args.out)
+        for row in sizes:
+            print(f"{row['sample']}: report {row['report_mb']:.2f} MB, database {row['capture_mb']:.2f} MB "
+                  f"({row['capture_mb'] / row['report_mb']:.2f}x; target <= 2), with its run directory "
+                  f"{row['with_run_mb']:.2f} MB ({row['with_run_mb'] / row['report_mb']:.2f}x)")
+        summary["sample_traces"] = sizes
+    summary["load_average_after"] = os.getloadavg()
+    print(f"load average {load[0]:.2f} before, {summary['load_average_after'][0]:.2f} after")
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ Export schemas differ by version: a table is absent when it had no rows, columns
 2022.4 became `ENUM_CUDA_KERNEL_LAUNCH_TYPE`). Each view here selects the listed columns from the
 first candidate table that exists, casting each to the listed type and filling a missing column
 with NULL; when no candidate exists the view is empty. `_row` is the row's position in the raw
-table, the last tie-break wherever an order must be total for the database to be reproducible.
+table, the last tie-break wherever an order must be total for the database to be reproducible, and
+the key by which `nsys_store` finds which normalized row each raw row became.
 """
 from __future__ import annotations
 
@@ -60,11 +61,21 @@ RAW_VIEWS = (
 def create_raw_views(con: duckdb.DuckDBPyConnection, schema: str, views: tuple[RawView, ...] = RAW_VIEWS) -> None:
     """Create every view of `views` as a temporary view over the raw tables in `schema`."""
     present = _columns_by_table(con, schema)
+    relations = {table: f"(SELECT *, rowid AS _row FROM {quote(schema)}.{quote(table)})" for table in present}
+    create_raw_views_over(con, relations, present, views)
+
+
+def create_raw_views_over(con: duckdb.DuckDBPyConnection, relations: dict[str, str],
+                          columns: dict[str, dict[str, str]], views: tuple[RawView, ...] = RAW_VIEWS) -> None:
+    """Create every view of `views` over `relations` (table name -> SQL relation with a column `_row`).
+
+    `columns` maps each table to its columns, lower-case name -> name as spelt.
+    """
     for spec in views:
-        con.execute(f"CREATE OR REPLACE TEMP VIEW {spec.view} AS {_select(spec, schema, present)}")
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {spec.view} AS {_select(spec, relations, columns)}")
 
 
-def _select(spec: RawView, schema: str, present: dict[str, dict[str, str]]) -> str:
+def _select(spec: RawView, relations: dict[str, str], present: dict[str, dict[str, str]]) -> str:
     table = next((present_name for name in spec.candidates
                   if (present_name := _match(name, present)) is not None), None)
     if table is None:
@@ -76,7 +87,7 @@ def _select(spec: RawView, schema: str, present: dict[str, dict[str, str]]) -> s
         else f"CAST(NULL AS {kind}) AS {quote(name)}"
         for name, kind in spec.columns
     )
-    return f"SELECT {columns}, rowid AS _row FROM {quote(schema)}.{quote(table)}"
+    return f"SELECT {columns}, _row FROM {relations[table]}"
 
 
 def _match(name: str, present: dict[str, dict[str, str]]) -> str | None:

@@ -29,13 +29,20 @@ from itertrace.ingest.rundir_loader import RunDirLoader
 from itertrace.targets import (Kind, check_not_held, hidden, hidden_folder, is_kind, remove_leftovers, replaceable,
                                write_failure)
 
-# Files this DuckDB writes can be opened by DuckDB 1.0 and newer, not only by the writing version.
+# Files this DuckDB writes can be opened by DuckDB 1.1 and newer, not only by the writing version.
 STORAGE_COMPATIBILITY = "v1.0.0"
 # The least --memory-limit taken: 20 MB ran out of memory on a real 2-GPU export of 30k rows, 50 MB did not.
 MIN_MEMORY_LIMIT = 64 << 20
 _SIZE = re.compile(r"\s*(\d+(?:\.\d*)?)\s*([kmgt]i?b|b|bytes)?\s*", re.IGNORECASE)
 _UNITS = {"b": 1, "bytes": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20,
           "gib": 1 << 30, "tib": 1 << 40}
+# DuckDB gives every table at least one block: 64 KiB blocks instead of its 256 KiB keep a small capture's
+# database small, and still let it bit-pack integers (which it does not in blocks of 32 KiB or less).
+# DuckDB 1.0 reads only 256 KiB blocks; 1.1 and newer read any size.
+BLOCK_SIZE = 65_536
+# DuckDB's own default is 80% of the machine's memory; an ingest spills to disk beyond this instead
+# (benchmarks/bench_ingest.py measures the peak memory it gives).
+DEFAULT_MEMORY_LIMIT = "512MB"
 
 
 @dataclass(frozen=True)
@@ -43,7 +50,7 @@ class IngestOptions:
     """Settings of one ingest."""
 
     batch_rows: int = 65_536  # rows per record batch handed to DuckDB: bounds the memory a table takes
-    memory_limit: str | None = None  # DuckDB's memory_limit, e.g. "2GB"; None keeps DuckDB's default
+    memory_limit: str | None = None  # DuckDB's memory_limit, e.g. "2GB"; None: DEFAULT_MEMORY_LIMIT
     threads: int | None = None  # DuckDB worker threads; None keeps DuckDB's default
 
 
@@ -114,10 +121,11 @@ def ingest(
     except BaseException as exc:
         _remove_database(building)
         if isinstance(exc, duckdb.OutOfMemoryException):
-            under = f" under --memory-limit {options.memory_limit}" if options.memory_limit else ""
-            raise UserError(f"DuckDB ran out of memory{under} ({first_line(exc)}); "
-                            f"{'give it more, or leave the flag out' if under else 'free some memory'}; "
-                            f"{target} is unchanged") from None
+            limit = (f"--memory-limit {options.memory_limit}" if options.memory_limit
+                     else f"the default --memory-limit {DEFAULT_MEMORY_LIMIT}")
+            where = f"{exc.source}: " if hasattr(exc, "source") else ""
+            raise UserError(f"{where}DuckDB ran out of memory under {limit} ({first_line(exc)}); "
+                            f"give it more with --memory-limit; {target} is unchanged") from None
         if why := write_failure(exc):
             kept = "the database there is unchanged" if target.exists() else "nothing was written"
             raise UserError(f"{target}: cannot write the database in {target.parent} ({why}); {kept}") from None
@@ -133,7 +141,11 @@ def _load(con: duckdb.DuckDBPyConnection, plan: list[tuple[Path, Loader]], group
     """Load every source in one transaction, checkpointed into the file: (rows, notes, empty tables, tables)."""
     con.begin()  # one transaction: the temporary file already makes the ingest all-or-nothing
     for path, loader in plan:
-        loader.load(path, ctx)
+        try:
+            loader.load(path, ctx)
+        except duckdb.OutOfMemoryException as exc:
+            exc.source = path  # the ingest's message names the source that ran it out
+            raise
     for loader, claimed in groups:
         loader.finish(claimed, ctx)
     con.commit()
@@ -238,13 +250,14 @@ def _check_complete(path: Path, tables: int) -> None:
 
 
 def _connect(path: Path, options: IngestOptions) -> duckdb.DuckDBPyConnection:
-    config: dict[str, str | int] = {"storage_compatibility_version": STORAGE_COMPATIBILITY}
+    config: dict[str, str | int] = {"storage_compatibility_version": STORAGE_COMPATIBILITY,
+                                    "default_block_size": str(BLOCK_SIZE)}
     if options.memory_limit:
         limit = memory_bytes(options.memory_limit)
         if limit is not None and limit < MIN_MEMORY_LIMIT:
             raise UserError(f"--memory-limit {options.memory_limit}: below the {MIN_MEMORY_LIMIT >> 20} MiB an ingest "
                             "needs at least (DuckDB works in blocks of 256 KiB per thread and table)")
-        config["memory_limit"] = options.memory_limit
+    config["memory_limit"] = options.memory_limit or DEFAULT_MEMORY_LIMIT
     if options.threads:
         config["threads"] = options.threads
     try:

@@ -32,6 +32,7 @@ class TableStream:
     schema: pa.Schema
     num_rows: int
     read: Callable[[int], Iterator[pa.RecordBatch]]  # batches of at most the given number of rows
+    whole: Callable[[], pa.Table] | None = None  # the whole table without copying (memory-mapped IPC), if it can
 
 
 def arrow_export_tables(path: Path) -> list[TableStream]:
@@ -49,7 +50,8 @@ def arrow_export_tables(path: Path) -> list[TableStream]:
                 raise UserError(f"{path}: truncated or corrupt Arrow export at byte {offset} ({first_line(exc)})")
             name = table_name((reader.schema.metadata or {}).get(b"table_name"), path, offset)
             check_table(name, path, reader.schema, (table.name for table in tables))
-            tables.append(TableStream(name, path, reader.schema, rows, _stream_reader(path, offset)))
+            tables.append(TableStream(name, path, reader.schema, rows, _stream_reader(path, offset),
+                                      _stream_table(path, offset)))
     check_arrow_export(path, [table.name for table in tables])
     return tables
 
@@ -81,6 +83,15 @@ def _stream_reader(path: Path, offset: int) -> Callable[[int], Iterator[pa.Recor
     return read
 
 
+def _stream_table(path: Path, offset: int) -> Callable[[], pa.Table]:
+    def whole() -> pa.Table:
+        source = pa.memory_map(str(path))  # kept open by the table's buffers, which point into it
+        source.seek(offset)
+        return ipc.open_stream(source).read_all()
+
+    return whole
+
+
 def _arrow_file_table(file: Path) -> TableStream:
     size = _nonempty_size(file)
     with open(file, "rb") as raw:
@@ -100,7 +111,8 @@ def _arrow_file_table(file: Path) -> TableStream:
     except (pa.ArrowInvalid, OSError) as exc:
         raise UserError(f"{file}: truncated or corrupt Arrow table file ({first_line(exc)})")
     read = _file_format_reader(file) if is_file_format else _stream_reader(file, 0)
-    return TableStream(file.stem, file, schema, rows, read)
+    whole = _file_format_table(file) if is_file_format else _stream_table(file, 0)
+    return TableStream(file.stem, file, schema, rows, read, whole)
 
 
 def _file_format_reader(file: Path) -> Callable[[int], Iterator[pa.RecordBatch]]:
@@ -111,6 +123,13 @@ def _file_format_reader(file: Path) -> Callable[[int], Iterator[pa.RecordBatch]]
                 yield from _slices(reader.get_batch(i), batch_rows)
 
     return read
+
+
+def _file_format_table(file: Path) -> Callable[[], pa.Table]:
+    def whole() -> pa.Table:
+        return ipc.open_file(pa.memory_map(str(file))).read_all()
+
+    return whole
 
 
 def parquet_table(file: Path) -> TableStream:

@@ -101,9 +101,11 @@ def check_arrow_export(path: Path, names: list[str]) -> None:
                         f"every nsys export holds ({LAST_TABLE} comes last)")
 
 
-def check_raw_tables(con: duckdb.DuckDBPyConnection, schema: str, source: Path) -> None:
-    """The raw tables of one capture, as written into `schema`: references, required columns and types."""
-    columns = _columns(con, schema)
+def check_raw_tables(con: duckdb.DuckDBPyConnection, relations: dict[str, str], source: Path) -> None:
+    """The raw tables of one capture (`relations`: table name -> SQL relation over it): references,
+    required columns and types, before the normalized tables are built from them."""
+    tables = _RawTables(con, relations)
+    columns = tables.columns
     for table, reads in READ_COLUMNS.items():
         have = columns.get(table.lower())
         if have is None:
@@ -113,22 +115,39 @@ def check_raw_tables(con: duckdb.DuckDBPyConnection, schema: str, source: Path) 
             found = types.get(column.lower())
             if found is not None and not _of_kind(found, kind):
                 raise UserError(f"{source}: column {name}.{column} is {found}; nsys writes {kind} there")
-        rows = _count(con, schema, name)
+        rows = tables.count(name)
         for column in REQUIRED.get(table, ()):
             if column.lower() not in types:
                 raise UserError(f"{source}: table {name} has no column {column}, without which its rows mean nothing")
-            if rows and not _count(con, schema, name, f'"{column}" IS NOT NULL'):  # names match in any case
+            if rows and not tables.count(name, f'"{column}" IS NOT NULL'):  # names match in any case
                 raise UserError(f"{source}: column {name}.{column} is NULL in all {rows:,} rows")
     if "nvtx_events" in columns:
-        _check_range_ends(con, schema, columns["nvtx_events"], source)
+        _check_range_ends(tables, columns["nvtx_events"], source)
     if "stringids" not in columns:
         for table, column in STRING_REFERENCES:
             have = columns.get(table.lower())
             if have and column.lower() in have[1]:
-                pointing = _count(con, schema, have[0], f'"{column}" IS NOT NULL')
+                pointing = tables.count(have[0], f'"{column}" IS NOT NULL')
                 if pointing:
                     raise UserError(f"{source}: no StringIds table, which {pointing:,} rows of {have[0]}.{column} "
                                     "refer to (their names would all be missing)")
+
+
+class _RawTables:
+    """The checked tables' columns and DuckDB types ({lower-case name: (name, {lower-case column: type})}),
+    and row counts, read from the relations over them."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, relations: dict[str, str]) -> None:
+        self.con, self.relations = con, relations
+        checked = {name.lower() for name in READ_COLUMNS}
+        self.columns: dict[str, tuple[str, dict[str, str]]] = {}
+        for name, relation in relations.items():
+            if name.lower() in checked:
+                described = con.execute(f"DESCRIBE SELECT * FROM {relation}").fetchall()
+                self.columns[name.lower()] = (name, {row[0].lower(): row[1] for row in described})
+
+    def count(self, table: str, where: str = "true") -> int:
+        return self.con.execute(f"SELECT count(*) FROM {self.relations[table]} WHERE {where}").fetchall()[0][0]
 
 
 def empty_tables(con: duckdb.DuckDBPyConnection, tables: Iterable[str]) -> list[str]:
@@ -141,8 +160,10 @@ def empty_tables(con: duckdb.DuckDBPyConnection, tables: Iterable[str]) -> list[
 
 def unnamed_threads_note(con: duckdb.DuckDBPyConnection, schema: str) -> str | None:
     """A note when the capture's threads have no names because its export holds no ThreadNames table."""
-    tables = {(s, t.lower()) for s, t in con.execute(
-        "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = current_database()").fetchall()}
+    tables = {(s, t.lower()) for s, t in con.execute(  # nsys's small tables are views over one table
+        "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = current_database() "
+        "UNION ALL SELECT schema_name, view_name FROM duckdb_views() WHERE database_name = current_database()"
+    ).fetchall()}
     if ("main", "threads") not in tables or (schema, "threadnames") in tables:
         return None
     threads, named = con.execute("SELECT count(*), count(name) FROM threads").fetchall()[0]
@@ -151,28 +172,14 @@ def unnamed_threads_note(con: duckdb.DuckDBPyConnection, schema: str) -> str | N
     return (f"the export holds no ThreadNames table: its {threads:,} thread{'s have no names' if threads > 1 else ' has no name'}")
 
 
-def _check_range_ends(con: duckdb.DuckDBPyConnection, schema: str, have: tuple[str, dict], source: Path) -> None:
+def _check_range_ends(tables: _RawTables, have: tuple[str, dict], source: Path) -> None:
     if "end" not in have[1] or "eventtype" not in have[1]:
-        if "end" not in have[1] and _count(con, schema, have[0], f"eventType IN {_RANGE_TYPES}"):
+        if "end" not in have[1] and tables.count(have[0], f"eventType IN {_RANGE_TYPES}"):
             raise UserError(f"{source}: table {have[0]} has no column end, and it holds ranges")
         return
-    ranges = _count(con, schema, have[0], f"eventType IN {_RANGE_TYPES}")
-    if ranges and not _count(con, schema, have[0], f'eventType IN {_RANGE_TYPES} AND "end" IS NOT NULL'):
+    ranges = tables.count(have[0], f"eventType IN {_RANGE_TYPES}")
+    if ranges and not tables.count(have[0], f'eventType IN {_RANGE_TYPES} AND "end" IS NOT NULL'):
         raise UserError(f"{source}: column {have[0]}.end is NULL in all {ranges:,} ranges")
-
-
-def _columns(con: duckdb.DuckDBPyConnection, schema: str) -> dict[str, tuple[str, dict[str, str]]]:
-    """{lower-case table name: (its name, {lower-case column: DuckDB type})} of the tables in `schema`."""
-    rows = con.execute("SELECT table_name, column_name, data_type FROM duckdb_columns() "
-                       "WHERE schema_name = ? AND database_name = current_database()", [schema]).fetchall()
-    tables: dict[str, tuple[str, dict[str, str]]] = {}
-    for table, column, kind in rows:
-        tables.setdefault(table.lower(), (table, {}))[1][column.lower()] = kind
-    return tables
-
-
-def _count(con: duckdb.DuckDBPyConnection, schema: str, table: str, where: str = "true") -> int:
-    return con.execute(f'SELECT count(*) FROM "{schema}"."{table}" WHERE {where}').fetchall()[0][0]
 
 
 def _of_kind(duckdb_type: str, kind: str) -> bool:

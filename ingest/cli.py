@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--db", required=True, type=Path, metavar="FILE", help="database to write (replaced on success)")
     parser.add_argument("--batch-rows", type=at_least(1), default=BATCH_ROWS, metavar="N",
                         help="rows per batch streamed into DuckDB (default %(default)s)")
-    parser.add_argument("--memory-limit", metavar="SIZE", help="DuckDB memory limit, e.g. 2GB (default: DuckDB's)")
+    parser.add_argument("--memory-limit", metavar="SIZE", help="DuckDB memory limit, e.g. 2GB (default: 512MB)")
     parser.add_argument("--nsys", metavar="PATH", help="nsys executable for .nsys-rep sources (default: on PATH)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar and no closing line")
     parser.set_defaults(func=run)

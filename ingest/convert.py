@@ -41,6 +41,23 @@ def uniform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
+def arrow_for_duckdb(table: pa.Table) -> pa.Table:
+    """`table` with text decoded and uint64 reinterpreted, without copying what needs no change.
+
+    Narrower integers and floats stay as they are: DuckDB widens them as it reads (see `scan`).
+    """
+    fields, columns = [], []
+    for f, column in zip(table.schema, table.columns):
+        target = uniform_type(f.type)
+        keep = not pa.types.is_dictionary(f.type) and (
+            pa.types.is_integer(f.type) and f.type != pa.uint64() or pa.types.is_floating(f.type) or f.type == target)
+        if not keep:
+            column = pa.chunked_array([_convert(chunk, target) for chunk in column.chunks], target)
+        fields.append(pa.field(f.name, column.type, f.nullable))
+        columns.append(column)
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields))
+
+
 def _convert(column: pa.Array, target: pa.DataType) -> pa.Array:
     if pa.types.is_dictionary(column.type):
         column = column.dictionary_decode()

@@ -5,7 +5,7 @@ from importlib import resources
 
 import duckdb
 
-from itertrace.ingest.adapters import create_raw_views
+from itertrace.ingest.adapters import create_raw_views, create_raw_views_over
 from itertrace.ingest.progress import Progress
 from itertrace.ingest.sqldoc import comment_statements, statements, table_docs
 
@@ -43,6 +43,24 @@ def build_normalized(
     """Create every normalized table in the main schema from the raw tables in `raw_schema`, with comments."""
     prefer_sort_based_joins(con)
     create_raw_views(con, raw_schema)
+    _build(con, source, source_kind, progress)
+
+
+def build_normalized_over(
+    con: duckdb.DuckDBPyConnection,
+    relations: dict[str, str],
+    columns: dict[str, dict[str, str]],
+    source: str,
+    source_kind: str,
+    progress: Progress | None = None,
+) -> None:
+    """Create every normalized table from raw tables given as relations (see `adapters.create_raw_views_over`)."""
+    prefer_sort_based_joins(con)
+    create_raw_views_over(con, relations, columns)
+    _build(con, source, source_kind, progress)
+
+
+def _build(con: duckdb.DuckDBPyConnection, source: str, source_kind: str, progress: Progress | None) -> None:
     con.execute("CREATE OR REPLACE TEMP TABLE _ingest_source AS SELECT ?::VARCHAR AS source, ?::VARCHAR AS source_kind",
                 [source, source_kind])
     for name in SQL_FILES:

@@ -1,7 +1,8 @@
 """The loader for Nsight Systems captures: a .nsys-rep, its Arrow export, or an arrowdir/parquetdir folder.
 
-nsys's own tables land unchanged in the schema `nsys` (text decoded to VARCHAR, integers widened to
-BIGINT, see `convert`); the normalized tables are then built from them in the main schema.
+The export's tables are read where they lie (`scan`): the normalized tables are built from them in the
+main schema, then nsys's own tables are written into the schema `nsys` (text decoded to VARCHAR,
+integers widened to BIGINT, see `convert`), each value once (`nsys_store`).
 """
 from __future__ import annotations
 
@@ -11,20 +12,19 @@ from pathlib import Path
 from typing import ClassVar
 
 from itertrace.errors import UserError
-from itertrace.ingest.arrow_io import TableStream, arrow_export_tables, folder_tables, table_files
+from itertrace.ingest.arrow_io import arrow_export_tables, folder_tables, table_files
 from itertrace.ingest.checks import check_raw_tables
-from itertrace.ingest.loader import LoadContext, quote
-from itertrace.ingest.normalize import build_normalized
+from itertrace.ingest.loader import LoadContext
+from itertrace.ingest.normalize import build_normalized_over
 from itertrace.ingest.nsys import check_report, export_arrow, find_nsys, report_version
+from itertrace.ingest.nsys_store import SCHEMA as RAW_SCHEMA
+from itertrace.ingest.nsys_store import store_raw_tables
+from itertrace.ingest.scan import open_sources
 
-RAW_SCHEMA = "nsys"
 # Tables by which a folder of TABLE.parquet / TABLE.arrow files is recognised as an nsys export.
 _EXPORT_TABLES = frozenset({"StringIds", "ThreadNames", "PROCESSES", "NVTX_EVENTS", "META_DATA_EXPORT",
                             "EXPORT_META_DATA", "META_DATA_CAPTURE", "TARGET_INFO_SESSION_START_TIME"})
 _EXPORT_PREFIXES = ("CUPTI_ACTIVITY_KIND_", "TARGET_INFO_", "ENUM_NSYS_")
-# Rows an export made during this ingest writes about itself (its time, its temporary output path):
-# left out so that ingesting the same report again gives the same database.
-_VOLATILE_EXPORT_ROWS = "name LIKE 'EXPORT_TIME%' OR name LIKE '%OUTPUT%' OR name LIKE '%OUTUPT%'"
 
 
 class SourceKind(enum.Enum):
@@ -64,7 +64,7 @@ class NsysLoader:
                 check_report(path, find_nsys(self.nsys_executable))
 
     def load(self, path: Path, ctx: LoadContext) -> None:
-        """Write every table of the capture into the `nsys` schema."""
+        """Build the normalized tables from the capture's tables, then write those into the `nsys` schema."""
         kind = source_kind(path)
         export = None
         if kind is SourceKind.REPORT:
@@ -77,19 +77,20 @@ class NsysLoader:
             tables = folder_tables(path)
         if not tables:
             raise UserError(f"{path}: the export holds no tables")
-        ctx.con.execute(f"CREATE SCHEMA IF NOT EXISTS {RAW_SCHEMA}")
         ctx.progress.expect(sum(table.num_rows for table in tables))
-        for table in tables:
-            _write_raw(ctx, table)
+        sources = open_sources(ctx.con, tables)
+        try:
+            check_raw_tables(ctx.con, sources.relations, path)
+            columns = {name: {c.name.lower(): c.name for c in found} for name, found in sources.columns.items()}
+            build_normalized_over(ctx.con, sources.relations, columns, str(path.resolve()), kind.value, ctx.progress)
+            store_raw_tables(ctx, sources, tables, drop_volatile=export is not None)
+        finally:
+            sources.close()
         if export is not None:
-            _drop_volatile_rows(ctx)
             export.unlink()
 
     def finish(self, paths: list[Path], ctx: LoadContext) -> None:
-        """Build the normalized tables from the raw tables of the capture."""
-        path = paths[0]
-        check_raw_tables(ctx.con, RAW_SCHEMA, path)
-        build_normalized(ctx.con, RAW_SCHEMA, str(path.resolve()), source_kind(path).value, ctx.progress)
+        """Nothing to build across sources: a database holds one capture, built whole by `load`."""
 
 
 def source_kind(path: Path) -> SourceKind:
@@ -116,21 +117,3 @@ def source_kind(path: Path) -> SourceKind:
 
 def _is_export_table(name: str) -> bool:
     return name in _EXPORT_TABLES or name.startswith(_EXPORT_PREFIXES)
-
-
-def _write_raw(ctx: LoadContext, table: TableStream) -> None:
-    ctx.write_table(RAW_SCHEMA, table)
-    note = (f"nsys export table {table.name} as nsys wrote it, with text decoded to VARCHAR and every "
-            "integer stored as BIGINT (uint64 bit for bit, as in nsys's SQLite export).")
-    literal = note.replace("'", "''")
-    ctx.con.execute(f"COMMENT ON TABLE {RAW_SCHEMA}.{quote(table.name)} IS '{literal}'")
-
-
-def _drop_volatile_rows(ctx: LoadContext) -> None:
-    for name in ("EXPORT_META_DATA", "META_DATA_EXPORT"):
-        # fetchall, not fetchone: DuckDB 2 refuses to register another loader's stream while a result is unfinished
-        exists = ctx.con.execute(
-            "SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name = ? "
-            "AND database_name = current_database()", [RAW_SCHEMA, name]).fetchall()[0][0]
-        if exists:
-            ctx.con.execute(f"DELETE FROM {RAW_SCHEMA}.{name} WHERE {_VOLATILE_EXPORT_ROWS}")

@@ -51,7 +51,7 @@ def expected_iterations(con) -> list[tuple]:
     """(iteration, global_tid, step_range_id, host_start_ns, host_end_ns, device_start_ns, device_end_ns,
     device_source, gpu_op_count, first_launch_ns) for every step range, from raw rows."""
     gpu_work = defaultdict(list)  # (process, correlation id) -> [(start, end)]
-    present = {row[0] for row in select(con, "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'nsys'")}
+    present = {row[0] for row in select(con, "SELECT table_name FROM information_schema.tables WHERE table_schema = 'nsys'")}
     for table in GPU_TABLES:
         if table in present:
             for start, end, correlation, pid in select(

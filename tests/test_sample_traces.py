@@ -73,5 +73,7 @@ def test_ingesting_a_sample_twice_gives_identical_tables(tmp_path):
         with duckdb.connect(str(tmp_path / name), read_only=True) as con:
             tables = con.execute("SELECT schema_name, table_name FROM duckdb_tables() ORDER BY ALL").fetchall()
             dumps.append({f"{s}.{t}": con.execute(f'SELECT * FROM "{s}"."{t}"').fetchall() for s, t in tables})
+            views = con.execute("SELECT schema_name, view_name FROM duckdb_views() WHERE NOT internal ORDER BY ALL").fetchall()
+            dumps[-1] |= {f"{s}.{v}": con.execute(f'SELECT * FROM "{s}"."{v}" ORDER BY ALL').fetchall() for s, v in views}
     assert dumps[0] == dumps[1]
     assert {"main.run_iterations", "main.run_meta", "main.nvtx_ranges", "nsys.NVTX_EVENTS"} <= set(dumps[0])

@@ -30,9 +30,15 @@ CREATE TABLE cuda_api (
   return_value BIGINT
 );
 
+-- Every API call with its api_id; also read by nsys_store.
+CREATE OR REPLACE TEMP VIEW _cuda_api_numbered AS
+SELECT *, row_number() OVER (ORDER BY start, globalTid, correlationId, _row) AS api_id
+FROM _raw_runtime
+WHERE eventClass IS DISTINCT FROM 67;
+
 INSERT INTO cuda_api
 SELECT
-  row_number() OVER (ORDER BY r.start, r.globalTid, r.correlationId, r._row) AS api_id,
+  r.api_id,
   r.start,
   r."end",
   r."end" - r.start,
@@ -45,8 +51,7 @@ SELECT
   r.globalTid & 16777215,
   r.correlationId,
   r.returnValue
-FROM _raw_runtime AS r
+FROM _cuda_api_numbered AS r
 LEFT JOIN _raw_strings AS s ON s.id = r.nameId
 LEFT JOIN _raw_enum_event_class AS ec ON ec.id = r.eventClass
-WHERE r.eventClass IS DISTINCT FROM 67
-ORDER BY api_id;
+ORDER BY r.api_id;

@@ -34,7 +34,8 @@ CREATE TABLE gpu_ops (
   launch_type VARCHAR
 );
 
-INSERT INTO gpu_ops
+-- Every GPU operation with its gpu_op_id, kind and raw row; also read by nsys_store.
+CREATE OR REPLACE TEMP VIEW _gpu_op_numbered AS
 WITH
   kernels AS (
     SELECT
@@ -65,8 +66,12 @@ WITH
     UNION ALL SELECT * FROM copies
     UNION ALL SELECT * FROM sets
   )
+SELECT *, row_number() OVER (ORDER BY start, kind, deviceId, streamId, correlationId, _row) AS gpu_op_id
+FROM ops;
+
+INSERT INTO gpu_ops
 SELECT
-  row_number() OVER (ORDER BY start, kind, deviceId, streamId, correlationId, _row) AS gpu_op_id,
+  gpu_op_id,
   kind,
   start,
   "end",
@@ -82,5 +87,5 @@ SELECT
   bytes,
   copy_kind,
   launch_type
-FROM ops
+FROM _gpu_op_numbered
 ORDER BY gpu_op_id;

@@ -42,28 +42,34 @@ CREATE TABLE nvtx_marks (
   json_text VARCHAR
 );
 
+-- Every mark with its mark_id; also read by nsys_store.
+CREATE OR REPLACE TEMP TABLE _nvtx_mark_numbered AS
+SELECT _row, row_number() OVER (ORDER BY start, globalTid, _row) AS mark_id
+FROM _raw_nvtx
+WHERE eventType = 34;
+
 INSERT INTO nvtx_marks
 SELECT
-  row_number() OVER (ORDER BY start, global_tid, _row) AS mark_id,
-  start,
-  text,
-  domain_id,
-  domain_name,
-  category_id,
-  category_name,
-  color,
-  global_tid,
-  global_pid,
-  pid,
-  tid,
-  thread_name,
-  int64_value,
-  uint64_value,
-  int32_value,
-  uint32_value,
-  double_value,
-  float_value,
-  json_text
-FROM _nvtx_events
-WHERE event_type = 34
-ORDER BY mark_id;
+  n.mark_id,
+  e.start,
+  e.text,
+  e.domain_id,
+  e.domain_name,
+  e.category_id,
+  e.category_name,
+  e.color,
+  e.global_tid,
+  e.global_pid,
+  e.pid,
+  e.tid,
+  e.thread_name,
+  e.int64_value,
+  e.uint64_value,
+  e.int32_value,
+  e.uint32_value,
+  e.double_value,
+  e.float_value,
+  e.json_text
+FROM _nvtx_mark_numbered AS n
+JOIN _nvtx_events AS e ON e._row = n._row
+ORDER BY n.mark_id;

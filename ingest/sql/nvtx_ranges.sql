@@ -60,7 +60,9 @@ CREATE TABLE nvtx_ranges (
   depth INTEGER
 );
 
-INSERT INTO nvtx_ranges
+-- Every range with its range_id and the columns the nesting needs; also read by
+-- nsys_store, which keeps the raw columns nvtx_ranges does not hold beside the range_id.
+CREATE OR REPLACE TEMP TABLE _nvtx_range_numbered AS
 WITH
   trace_end AS (
     -- The last NVTX timestamp: a range still open when the capture stopped is taken to end here.
@@ -76,48 +78,60 @@ WITH
       eventType IN (59, 70) AS is_push_pop
     FROM _raw_nvtx
     WHERE eventType IN (59, 60, 70, 71)
-  ),
-  numbered AS (
-    SELECT *, row_number() OVER (ORDER BY start_ns, global_tid, end_eff DESC, _row) AS range_id
-    FROM ranges
-  ),
-  push_pop AS (
-    SELECT range_id, global_tid, start_ns, end_eff
-    FROM numbered
-    WHERE is_push_pop
-  ),
-  boundaries AS (
-    -- +1 where a range opens, -1 where it closes, ordered as a stack would see them by (ts, phase,
-    -- range_id). At one instant, closes come before opens (touching ranges are siblings), longer
-    -- ranges open before shorter ones (range_id orders them so), and a zero-length range closes
-    -- after every open at its instant.
-    SELECT range_id, global_tid, start_ns AS ts, 1 AS phase, 1 AS delta FROM push_pop
-    UNION ALL
-    SELECT range_id, global_tid, end_eff, CASE WHEN end_eff > start_ns THEN 0 ELSE 2 END, -1 FROM push_pop
-  ),
-  open_counts AS (
-    -- Ranges open on the thread just before each boundary: at an opening, the new range's depth.
-    SELECT
-      range_id,
-      delta,
-      sum(delta) OVER (PARTITION BY global_tid ORDER BY ts, phase, range_id ROWS UNBOUNDED PRECEDING)
-        - delta AS open_before
-    FROM boundaries
-  ),
-  depths AS (
-    SELECT p.range_id, p.global_tid, p.end_eff, o.open_before::INTEGER AS depth
-    FROM push_pop AS p
-    JOIN open_counts AS o ON o.range_id = p.range_id AND o.delta = 1
-  ),
-  parents AS (
-    -- The parent is the range opened last before this one, one level up: a sort-based ASOF join
-    -- (range_id follows opening order on a thread). It is kept only if it encloses this range,
-    -- which it always does when the thread's ranges nest.
-    SELECT c.range_id, c.depth, CASE WHEN p.end_eff >= c.end_eff THEN p.range_id END AS parent_range_id
-    FROM depths AS c
-    ASOF LEFT JOIN depths AS p
-      ON p.global_tid = c.global_tid AND p.depth = c.depth - 1 AND c.range_id > p.range_id
   )
+SELECT *, row_number() OVER (ORDER BY start_ns, global_tid, end_eff DESC, _row) AS range_id
+FROM ranges;
+
+-- The nesting's helper tables are joined on ids, never read in order: DuckDB may build them in any.
+SET preserve_insertion_order = false;
+
+-- Every push/pop range's depth: the ranges open on its thread when it opens.
+CREATE OR REPLACE TEMP TABLE _nvtx_depths AS
+WITH
+  boundaries AS (
+    -- +1 where a range opens, -1 where it closes, in the order a stack on the thread would see them:
+    -- by thread (the high 64 bits of the key), time, and at one instant closes of ranges that have a
+    -- length first (touching ranges are siblings), then opens, longer ranges first (range_id orders
+    -- them so), then closes of zero-length ranges. The key is 2 * time + 0, 1 or 2 for those three.
+    -- Every range opens and closes, so the running sum needs no partition by thread.
+    SELECT _row, range_id, global_tid, end_eff, (global_tid::HUGEINT << 64) + 2 * start_ns + 1 AS k, 1 AS delta
+    FROM _nvtx_range_numbered
+    WHERE is_push_pop
+    UNION ALL
+    SELECT NULL, NULL, NULL, NULL,
+      (global_tid::HUGEINT << 64) + 2 * end_eff + CASE WHEN end_eff > start_ns THEN 0 ELSE 2 END, -1
+    FROM _nvtx_range_numbered
+    WHERE is_push_pop
+  )
+SELECT _row, range_id, global_tid, end_eff, depth
+FROM (
+  SELECT *, (sum(delta) OVER (ORDER BY k, range_id ROWS UNBOUNDED PRECEDING) - 1)::INTEGER AS depth
+  FROM boundaries
+)
+WHERE delta = 1;
+
+-- Every range's range_id with its place in the push/pop nesting (depth and parent; NULL for start/end
+-- ranges), by raw row. The parent is the range opened last before this one, one level up: a
+-- sort-based ASOF join (range_id follows opening order on a thread). It is kept only if it encloses
+-- this range, which it always does when the thread's ranges nest.
+CREATE OR REPLACE TEMP TABLE _nvtx_nesting AS
+SELECT c._row, c.range_id, TRUE AS is_push_pop, c.depth,
+  CASE WHEN p.end_eff >= c.end_eff THEN p.range_id END AS parent_range_id
+FROM _nvtx_depths AS c
+ASOF LEFT JOIN _nvtx_depths AS p
+  ON p.global_tid = c.global_tid AND p.depth = c.depth - 1 AND c.range_id > p.range_id
+UNION ALL
+SELECT _row, range_id, FALSE, NULL, NULL
+FROM _nvtx_range_numbered
+WHERE NOT is_push_pop;
+
+DROP TABLE _nvtx_depths;
+
+RESET preserve_insertion_order;
+
+-- In the export's row order, which for nsys's exports (sorted by start) is close to range_id order:
+-- sorting a table this wide would cost more than building it.
+INSERT INTO nvtx_ranges
 SELECT
   n.range_id,
   CASE WHEN n.is_push_pop THEN 'push_pop' ELSE 'start_end' END,
@@ -143,9 +157,7 @@ SELECT
   e.double_value,
   e.float_value,
   e.json_text,
-  p.parent_range_id,
-  p.depth
-FROM numbered AS n
-JOIN _nvtx_events AS e ON e._row = n._row
-LEFT JOIN parents AS p ON p.range_id = n.range_id
-ORDER BY n.range_id;
+  n.parent_range_id,
+  n.depth
+FROM _nvtx_events AS e
+JOIN _nvtx_nesting AS n ON n._row = e._row;
