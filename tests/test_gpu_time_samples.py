@@ -38,7 +38,7 @@ def raw(db: QueryDB, sql: str) -> list[tuple]:
 
 
 def raw_gpu_work(db: QueryDB) -> dict[tuple[int, int], list[tuple[int, int]]]:
-    present = {r[0] for r in raw(db, "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'nsys'")}
+    present = {r[0] for r in raw(db, "SELECT table_name FROM information_schema.tables WHERE table_schema = 'nsys'")}
     work = defaultdict(list)
     for table in GPU_TABLES:
         if table in present:
@@ -58,7 +58,7 @@ def test_busy_per_gpu_is_the_union_of_its_work(sample):
 
 
 def test_the_window_is_split_exactly(sample):
-    present = {r[0] for r in raw(sample, "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'nsys'")}
+    present = {r[0] for r in raw(sample, "SELECT table_name FROM information_schema.tables WHERE table_schema = 'nsys'")}
     starts = [f"SELECT min(start) FROM nsys.{t}" for t in ("CUPTI_ACTIVITY_KIND_RUNTIME", *GPU_TABLES) if t in present]
     if "NVTX_EVENTS" in present:
         starts.append("SELECT min(start) FROM nsys.NVTX_EVENTS WHERE eventType IN (34, 59, 60)")
