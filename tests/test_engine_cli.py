@@ -236,7 +236,7 @@ def test_a_run_stopped_by_sigterm_says_so_and_leaves_nothing(tmp_path):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=300)
     assert proc.returncode == 143 and out == ""
     assert err.splitlines()[-1] == "itertrace: terminated"
     assert list(tmp_path.iterdir()) == []

@@ -44,7 +44,7 @@ def signalled(argv: list[str], signum: int, started) -> subprocess.CompletedProc
         time.sleep(0.5)
         assert proc.poll() is None, proc.communicate()  # still at work when the signal comes
         proc.send_signal(signum)
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=300)
     finally:
         proc.kill()
         proc.wait()
