@@ -146,6 +146,7 @@ class Runner(Protocol):
     name: str
     simulated: bool
     reads_tokens: bool  # False: forward needs only how many tokens each row runs (see Scheduler.read_tokens)
+    runs_in_bulk: bool  # True: decode_times and decode_tokens give a stretch of all-decode iterations at once
 
     def prepare(self, batch: Batch) -> object: ...
 
@@ -156,3 +157,10 @@ class Runner(Protocol):
     def swap(self, plan: SwapPlan) -> None: ...
 
     def release(self, request_id: int) -> None: ...
+
+    def decode_times(self, batch: Batch, steps: int) -> np.ndarray:
+        """[steps] device ns of an all-decode batch and of the steps - 1 after it, each row one position
+        further (runners with runs_in_bulk only)."""
+
+    def decode_tokens(self, batch: Batch, steps: int) -> np.ndarray:
+        """[steps, S] the tokens `sample` gives in those iterations (runners with runs_in_bulk only)."""

@@ -42,43 +42,74 @@ _COLORS = {STEP: "green", "schedule": "blue", "prepare": "cyan", "forward": "red
            ADMIT: "darkgreen"}
 
 
+class StepTimes:
+    """One iteration's clock readings (ns): when it started, and when each phase's range opened and closed."""
+
+    __slots__ = ("start_ns", "starts", "ends")
+
+    def __init__(self, start_ns: int) -> None:
+        self.start_ns = start_ns
+        self.starts: list[int | None] = [None] * len(PHASES)  # by PhaseName order
+        self.ends: list[int | None] = [None] * len(PHASES)
+
+    def back_to_back(self) -> tuple[int, tuple[int, ...]]:
+        """(end, ns per phase) of phases that ran one after the other: each from the last one's end, so
+        that they add up to the iteration; a phase that did not run takes 0 at the last one's end."""
+        durations, last = [], self.start_ns
+        for end in self.ends:
+            end = last if end is None else end
+            durations.append(end - last)
+            last = end
+        return last, tuple(durations)
+
+
 class _Range:
-    """A reusable push/pop context manager for one fixed range (cheaper than contextlib's)."""
+    """A reusable push/pop context manager for one phase (cheaper than contextlib's): it reads the clock
+    just before its range opens and just after it closes, into the StepTimes it was handed."""
 
-    __slots__ = ("_attrs", "_handle")
+    __slots__ = ("_attrs", "_handle", "_index", "_now", "times")
 
-    def __init__(self, attrs, handle) -> None:
-        self._attrs, self._handle = attrs, handle
+    def __init__(self, attrs, handle, index: int, now) -> None:
+        self._attrs, self._handle, self._index, self._now = attrs, handle, index, now
+        self.times: StepTimes | None = None
 
     def __enter__(self) -> None:
+        self.times.starts[self._index] = self._now()
         _push(self._attrs, self._handle)
 
     def __exit__(self, *exc) -> None:
         _pop(self._handle)
+        self.times.ends[self._index] = self._now()
 
 
 class Tracer:
-    """Emits this engine's NVTX ranges and marks; phase attributes are built once."""
+    """Emits this engine's NVTX ranges and marks, reading `clock` at their edges; phase attributes are built once."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock) -> None:
+        self._now = clock.now_ns
         self._domain = nvtx.get_domain(DOMAIN)
         self._handle = self._domain.handle
-        self._phases = {p: _Range(self._attrs(p.value), self._handle) for p in PhaseName}
+        self._phases = {p: _Range(self._attrs(p.value), self._handle, i, self._now) for i, p in enumerate(PhaseName)}
 
     def _attrs(self, name: str, payload: int | None = None):
         # built here rather than by Domain.get_event_attributes, whose unbounded cache would keep one
         # object per payload (every iteration, every request) for the life of the process
         return EventAttributes(self._domain.get_registered_string(name), _COLORS.get(name, "blue"), None, payload)
 
-    def push_step(self, iteration: int) -> None:
+    def start_step(self, iteration: int) -> StepTimes:
+        """Read the clock and open the iteration's push/pop `step` range; its phases nest inside it."""
+        times = StepTimes(self._now())
         _push(self._attrs(STEP, iteration), self._handle)
+        return times
 
-    def pop(self) -> None:
+    def end_step(self) -> None:
         _pop(self._handle)
 
-    def phase(self, name: PhaseName) -> _Range:
-        """`with tracer.phase(PhaseName.FORWARD): ...` wraps the block in that phase's range."""
-        return self._phases[name]
+    def phase(self, name: PhaseName, times: StepTimes) -> _Range:
+        """`with tracer.phase(PhaseName.FORWARD, times): ...` wraps the block in that phase's range, timed into `times`."""
+        rng = self._phases[name]
+        rng.times = times
+        return rng
 
     def mark(self, name: str, request_id: int) -> None:
         _mark(self._attrs(name, request_id), self._handle)

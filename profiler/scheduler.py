@@ -14,6 +14,14 @@ decode pass runs on them at once: the same outcome as taking them one by one, wi
 for the rows that need a block, yield one, join or leave. Every decode fits the token budget: a
 request becomes a decode only after a prefill chunk that took its share of the budget.
 
+Static and continuous batching share this one class. They differ in four small places: how the
+batch fills (`_form_static_batch`, `_admit`), what a finish releases (a continuous request's slot and
+blocks at once, a static member's only with its whole batch), where a preempted request waits (the
+queue, or its static batch), and which members count as finished. Everything else is shared: the
+queue, the passes, the decode rows, preemption, admission, iterations in bulk. Two subclasses would
+each override those places with a line or two and split the one pass both run across a base class;
+one class with four `mode` branches reads straight through.
+
 This module holds the scheduler's state, its calls and the passes of each iteration. Beside it:
 `budget` (the token budget), `admission` (a request's KV on starting, preemption, rejection),
 `preemption` (who yields), `batch_builder` (the batch's arrays) and `postprocess` (sampled tokens).
@@ -257,8 +265,8 @@ class Scheduler:
         n_rows, self._rows_run = self._rows_run, 0
         return commit_tokens(decision, tokens, iteration, self._rows, n_rows, self.events, self._finish)
 
-    # ---- quiet iterations, all at once -------------------------------------------------------------
-    def quiet_rows(self, decision: Decision) -> DecodeRows | None:
+    # ---- iterations in bulk ------------------------------------------------------------------------
+    def bulk_rows(self, decision: Decision) -> DecodeRows | None:
         """The decode rows, when `decision` (just scheduled, not yet run) runs them and nothing else; None
         otherwise.
 
@@ -278,9 +286,9 @@ class Scheduler:
             return None
         return rows
 
-    def run_quiet(self, rows: DecodeRows, tokens: np.ndarray, block_steps: np.ndarray,
-                  block_rows: np.ndarray) -> None:
-        """Commit len(tokens) quiet iterations of `rows` at once (see quiet_rows): their tokens
+    def commit_bulk(self, rows: DecodeRows, tokens: np.ndarray, block_steps: np.ndarray,
+                    block_rows: np.ndarray) -> None:
+        """Commit len(tokens) iterations of `rows` at once (see bulk_rows): their tokens
         ([steps, D]) and their new KV blocks (`DecodeRows.blocks_ahead`, which the pool has)."""
         if len(block_rows):
             rows.grow_ahead(block_steps, block_rows, self.blocks)

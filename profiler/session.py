@@ -85,11 +85,11 @@ def make_runner(spec: RunSpec):
 
 def run(spec: RunSpec, requests: list[Request], *, run_dir: Path | None = None, workload: str | dict = "",
         keep_membership: bool = False, keep_tokens: bool = False, progress=None, on_iteration=None,
-        runner_and_clock=None, fast_forward: bool = True) -> RunResult:
+        runner_and_clock=None, bulk: bool = True) -> RunResult:
     """Run `requests` under `spec`; with `run_dir`, write the run logs there."""
     clock, runner = runner_and_clock or make_runner(spec)
     engine = _engine(spec, clock, runner, run_dir, keep_membership=keep_membership, keep_tokens=keep_tokens,
-                     progress=progress, on_iteration=on_iteration, fast_forward=fast_forward)
+                     progress=progress, on_iteration=on_iteration, bulk=bulk)
     try:
         result = engine.run(requests)  # itself without full collections
         with no_full_collections():  # nor in the close: its last row groups are many new objects
@@ -238,7 +238,7 @@ def summarize(result: RunResult, capacity: int) -> dict:
         "states": states,
         "output_tokens": tokens,
         "iterations": result.iterations,
-        "iterations_in_bulk": result.fast_forwarded,  # quiet ones run at once (Engine._run_quiet): same logs
+        "iterations_in_bulk": result.iterations_in_bulk,  # run at once (Engine._run_in_bulk): same logs
         "slot_iterations": result.iterations * capacity,
         "idle_slot_iterations": result.idle_slot_iterations,
         "idle_held_by_finished": result.idle_finished,

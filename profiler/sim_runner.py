@@ -53,6 +53,7 @@ class SimulatedRunner:
     name = "simulated"
     simulated = True
     reads_tokens = False  # the cost model counts tokens; it never reads them
+    runs_in_bulk = True
 
     def __init__(self, clock: SimClock, cost: CostModel | None = None) -> None:
         self.clock = clock

@@ -141,6 +141,7 @@ class TorchRunner:
     name = "torch"
     simulated = False
     reads_tokens = True
+    runs_in_bulk = False  # a model's tokens come one forward pass at a time
 
     def __init__(
         self,

@@ -242,7 +242,7 @@ def test_runner_attributes() -> None:
 
 def test_a_torch_run_reports_progress_after_every_iteration() -> None:
     """A model's iterations are slow enough that the progress line (printed at most every 2 s) must be
-    offered one after each; simulated runs offer it at every thousandth (test_fast_forward)."""
+    offered one after each; simulated runs offer it at every thousandth (test_bulk)."""
     from itertrace.profiler.session import ModelSpec, RunSpec, run
     from itertrace.profiler.workloads import RequestSpec, build_requests
 
