@@ -54,6 +54,7 @@ WORKLOADS = {
 def timed_run(name: str, n: int, bulk: bool) -> dict:
     """One run of workload `name` with n requests: seconds (wall, CPU) per part, and what it did."""
     args = top.build_parser().parse_args(["run", "--num-requests", str(n), *WORKLOADS[name]])
+    cli._fill_workload_flags(args)  # the usual --prompt-len, --output-len, ... where not given
     spec = cli.spec_from_args(args)
     times: dict[str, tuple[float, float]] = {}
 

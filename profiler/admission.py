@@ -68,7 +68,9 @@ class Admission:
         if self.config.preemption is PreemptKind.SWAP and len(req.block_ids) <= self.blocks.swap.num_free:
             swap.swap_out.extend(self.blocks.swap_out(req))
         else:
-            self.blocks.free(req)
+            # at once, even while the device reads them (overlap mode): the iteration that reuses them
+            # runs after that one on the device
+            self.blocks.free(req, at_once=True)
             req.num_computed = 0
         req.move(Phase.PREEMPTED, Reason.KV_EXHAUSTED, iteration)
         req.num_preemptions += 1

@@ -155,7 +155,8 @@ class Engine:
                 times = self.iteration(decision, times)
                 self.tracer.end_step()
                 end, phases_ns = times.back_to_back()
-                self.finish_iteration(decision, times.start_ns, end, phases_ns, queued, preempted, result)
+                self.finish_iteration(decision, times.start_ns, end, phases_ns, times.device_span(), queued,
+                                      preempted, result)
                 ran = 1
             iteration += ran
             self.report_progress(iteration, ran, intake.taken)
@@ -188,17 +189,18 @@ class Engine:
         end, phases_ns = times.back_to_back()
         self.record.flush_events(times.start_ns, end)
         if self.log is not None:
-            self.log.iteration(self.record.iteration_row(decision, times.start_ns, end, phases_ns, queued, preempted))
+            self.log.iteration(self.record.iteration_row(decision, times.start_ns, end, phases_ns, queued, preempted,
+                                                         None))
 
-    def finish_iteration(self, decision: Decision, start: int, end: int, phases_ns: tuple[int, ...], queued: int,
-                         preempted: int, result: RunResult) -> None:
+    def finish_iteration(self, decision: Decision, start: int, end: int, phases_ns: tuple[int, ...],
+                         device: tuple[int, int], queued: int, preempted: int, result: RunResult) -> None:
         """Stamp the iteration's events, count it, tell on_iteration, write its row."""
         self.record.flush_events(start, end)
         self.record.tally(result, decision, queued, 1)
         if self.on_iteration is not None:
             self.on_iteration(decision, start, end)
         if self.log is not None:
-            self.log.iteration(self.record.iteration_row(decision, start, end, phases_ns, queued, preempted))
+            self.log.iteration(self.record.iteration_row(decision, start, end, phases_ns, queued, preempted, device))
 
     def report_progress(self, iteration: int, ran: int, arrived: int) -> None:
         """Progress at every multiple of _progress_every that the last `ran` iterations passed."""
@@ -250,7 +252,8 @@ class Engine:
         if steps <= 0:
             return 0
         batch = d.batch
-        dur = self.runner.decode_times(batch, steps)
+        host_ns, device_ns = self.runner.decode_times(batch, steps)
+        dur = host_ns + device_ns
         ends = start + np.cumsum(dur)
         starts = ends - dur
         next_arrival_ns = intake.next_arrival_ns()
@@ -266,13 +269,13 @@ class Engine:
             return 0
         taken = int(block_steps.searchsorted(steps))
         block_steps, block_rows = block_steps[:taken], block_rows[:taken]
-        tokens, dur, starts, ends = tokens[:steps], dur[:steps], starts[:steps], ends[:steps]
+        tokens, dur, device_ns, starts, ends = tokens[:steps], dur[:steps], device_ns[:steps], starts[:steps], ends[:steps]
         allocated = np.bincount(block_steps, minlength=steps)
         in_use = sched.blocks.device.num_used + np.cumsum(allocated)
         allocated[0] = sched.blocks.allocated_this_iteration
         row = None
         if self.log is not None:  # before commit_bulk moves the rows on: this iteration's row, as a template
-            row = self.record.iteration_row(d, start, start, (0,) * 6, queued, preempted)
+            row = self.record.iteration_row(d, start, start, (0,) * 6, queued, preempted, None)
         sched.commit_bulk(rows, tokens, block_steps, block_rows)
         self.clock.advance(int(ends[-1]) - start)
 
@@ -282,7 +285,7 @@ class Engine:
         self.record.tally(result, d, queued, steps)
         if row is not None:
             self.log.iterations(row | {  # the rest as in this iteration's row (kv_freed: 0 in such a stretch)
-                "iteration": numbers, "start_ns": starts, "end_ns": ends, "dur_ns": dur, "forward_ns": dur,
-                "kv_allocated": allocated, "kv_in_use": in_use}, steps)
+                "iteration": numbers, "start_ns": starts, "end_ns": ends, "dur_ns": dur, "prepare_ns": host_ns,
+                "forward_ns": device_ns, "device_start_ns": starts + host_ns, "device_end_ns": ends, "kv_allocated": allocated, "kv_in_use": in_use}, steps)
         result.iterations_in_bulk += steps
         return steps

@@ -5,15 +5,24 @@ iteration number; inside it, one range per phase. Request arrival, first admissi
 marks whose payload is the request id. A `tokens` mark (payload = iteration) says, whenever it
 changes, which requests got a token in that iteration, so a trace alone rebuilds each request's
 token times: see `tokens_text`.
+
+In overlap mode (the host schedules iteration N+1 while the device runs N) consecutive steps overlap
+in time, so each `step` is a start/end range instead, opened when its schedule phase starts and
+closed when its postprocess ends, with the same payload. The host phases stay push/pop ranges on the
+engine's thread; the forward pass is a `forward` range whose int64 payload is the iteration, on the
+thread that runs the device work, and the queries find an iteration's device interval by that
+number rather than by thread (queries/iterations.sql).
 """
 from __future__ import annotations
 
 import enum
 import os
 from nvtx._lib import EventAttributes
+from nvtx._lib import end_range as _end
 from nvtx._lib import mark as _mark
 from nvtx._lib import pop_range as _pop
 from nvtx._lib import push_range as _push
+from nvtx._lib import start_range as _start
 import nvtx
 
 DOMAIN = "itertrace"
@@ -36,6 +45,7 @@ class PhaseName(enum.Enum):
 
 
 PHASES: tuple[str, ...] = tuple(p.value for p in PhaseName)
+_FORWARD = list(PhaseName).index(PhaseName.FORWARD)
 
 _COLORS = {STEP: "green", "schedule": "blue", "prepare": "cyan", "forward": "red", "sample": "orange",
            "detokenize": "purple", "postprocess": "yellow", ARRIVE: "darkgreen", FINISH: "white",
@@ -62,6 +72,22 @@ class StepTimes:
             last = end
         return last, tuple(durations)
 
+    def device_span(self) -> tuple[int, int]:
+        """The forward pass's (start, end) of phases that ran one after the other, as back_to_back counts it."""
+        return self.ends[_FORWARD - 1], self.ends[_FORWARD]
+
+    def forward_interval(self) -> tuple[int, int]:
+        """When the forward range opened and closed (overlap mode: on the thread that ran the device work)."""
+        return self.starts[_FORWARD], self.ends[_FORWARD]
+
+    def last_end(self) -> int:
+        """When the last phase to close closed."""
+        return max(end for end in self.ends if end is not None)
+
+    def measured(self) -> tuple[int, ...]:
+        """ns per phase, each from its range's opening to its closing (phases of overlapping iterations)."""
+        return tuple(0 if start is None else end - start for start, end in zip(self.starts, self.ends))
+
 
 class _Range:
     """A reusable push/pop context manager for one phase (cheaper than contextlib's): it reads the clock
@@ -80,6 +106,23 @@ class _Range:
     def __exit__(self, *exc) -> None:
         _pop(self._handle)
         self.times.ends[self._index] = self._now()
+
+
+class _DeviceRange(_Range):
+    """One forward pass's `forward` range (its payload the iteration), made for each pass."""
+
+    __slots__ = ()
+
+    def __init__(self, attrs, handle, times: StepTimes, now) -> None:
+        super().__init__(attrs, handle, _FORWARD, now)
+        self.times = times
+
+    def span(self, start_ns: int, end_ns: int) -> None:
+        """A device on a virtual clock (the simulated runner) ran from start_ns to end_ns: those are its times,
+        and its range is emitted at once, as a trace of the process sees it."""
+        _push(self._attrs, self._handle)
+        _pop(self._handle)
+        self.times.starts[_FORWARD], self.times.ends[_FORWARD] = start_ns, end_ns
 
 
 class Tracer:
@@ -104,6 +147,21 @@ class Tracer:
 
     def end_step(self) -> None:
         _pop(self._handle)
+
+    def open_step(self, iteration: int) -> tuple[StepTimes, object]:
+        """Overlap mode: read the clock and open the iteration's `step` as a start/end range (consecutive
+        ones overlap in time, so they cannot nest on one thread); its phases are push/pop ranges on this
+        thread, and its forward pass is a `forward` range with the iteration as payload (see device_forward)."""
+        times = StepTimes(self._now())
+        return times, _start(self._attrs(STEP, iteration), self._handle)
+
+    def close_step(self, step: object) -> None:
+        _end(step)
+
+    def device_forward(self, iteration: int, times: StepTimes) -> _DeviceRange:
+        """Overlap mode: a `forward` range whose payload is the iteration, timed into `times`, for whichever
+        thread runs the device work (a device thread on the CPU, the launching thread on CUDA)."""
+        return _DeviceRange(self._attrs(PhaseName.FORWARD.value, iteration), self._handle, times, self._now)
 
     def phase(self, name: PhaseName, times: StepTimes) -> _Range:
         """`with tracer.phase(PhaseName.FORWARD, times): ...` wraps the block in that phase's range, timed into `times`."""

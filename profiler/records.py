@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from itertrace.profiler.batch import Batch, Runner
+from itertrace.profiler.batch import Runner
 from itertrace.profiler.decision import Decision, EventKind, TokenEvents
 from itertrace.profiler.nvtx_ranges import ADMIT, ARRIVE, FINISH, Tracer
 from itertrace.profiler.request import Request
@@ -75,6 +75,7 @@ class RunResult:
     idle_while_queued: int = 0  # idle slot-iterations while requests were waiting
     membership: list[list[int]] = field(default_factory=list)  # member ids by iteration, when kept
     iterations_in_bulk: int = 0  # iterations run at once with others (Engine._run_in_bulk)
+    tokens_dropped: int = 0  # overlap mode: tokens computed for requests that had ended (never emitted)
 
 
 class RunRecord:
@@ -171,17 +172,19 @@ class RunRecord:
             self._text[request_id].append(detok.flush())
 
     # ---- events ------------------------------------------------------------------------------------------
-    def flush_events(self, start_ns: int, end_ns: int) -> None:
-        """Stamp the scheduler's events: tokens and finishes at the iteration's end, the rest at its start.
+    def flush_events(self, start_ns: int, end_ns: int, spans: dict[int, tuple[int, int]] | None = None) -> None:
+        """Stamp the scheduler's events: tokens and finishes at the iteration's end, the rest at its start;
+        `spans` gives (start, end) of other iterations whose events are among them (overlap mode).
 
         An arrive event gets the time the engine took the request in, read just before its NVTX mark,
         which is at or after the workload's arrival time (run_requests.arrival_ns).
         """
         for ev in self.scheduler.events:
+            start, end = spans.get(ev.iteration, (start_ns, end_ns)) if spans else (start_ns, end_ns)
             if type(ev) is TokenEvents:
-                self._stamp_tokens(ev, end_ns)
+                self._stamp_tokens(ev, end)
                 continue
-            ts = end_ns if ev.kind is EventKind.FINISH else start_ns
+            ts = end if ev.kind is EventKind.FINISH else start
             times = self.times[ev.request_id]
             if ev.kind is EventKind.ARRIVE:
                 ts = times.intake_ns
@@ -226,13 +229,21 @@ class RunRecord:
             self.log.token_steps(ids, iterations, ends_ns)
 
     # ---- run-log rows --------------------------------------------------------------------------------------
+    def kv_counts(self) -> tuple[int, int, int]:
+        """KV blocks allocated and freed this iteration, and in use, as the scheduler leaves them now."""
+        blocks = self.scheduler.blocks
+        return blocks.allocated_this_iteration, blocks.freed_this_iteration, blocks.device.num_used
+
     def iteration_row(self, d: Decision, start: int, end: int, phases_ns: tuple[int, ...], queued: int,
-                      preempted: int) -> dict:
-        """One iteration-log row (`phases_ns`: ns per phase, in PhaseName order); queue counts are as the
-        scheduler left them."""
+                      preempted: int, device: tuple[int, int] | None, *, kv: tuple[int, int, int] | None = None,
+                      dropped: int = 0) -> dict:
+        """One iteration-log row (`phases_ns`: ns per phase, in PhaseName order; `device`: when its forward
+        pass started and ended, None without one); queue counts and `kv` (kv_counts) are as the scheduler
+        left them after scheduling, `kv` read now when not given."""
         sched = self.scheduler
         schedule_ns, prepare_ns, forward_ns, sample_ns, detokenize_ns, postprocess_ns = phases_ns
-        used = sched.blocks.device.num_used
+        allocated, freed, used = kv or self.kv_counts()
+        device_start, device_end = device or (None, None)
         return {
             "iteration": d.iteration, "start_ns": start, "end_ns": end, "dur_ns": end - start,
             "schedule_ns": schedule_ns, "prepare_ns": prepare_ns, "forward_ns": forward_ns,
@@ -245,9 +256,10 @@ class RunRecord:
             "token_budget": sched.config.max_num_batched_tokens, "seq_budget": sched.config.max_num_seqs,
             "policy": sched.config.policy.value, "limit": d.limit.value,
             "admitted": d.admitted, "resumed": d.resumed, "preempted": d.preempted, "rejected": d.rejected,
-            "kv_allocated": sched.blocks.allocated_this_iteration, "kv_freed": sched.blocks.freed_this_iteration,
+            "kv_allocated": allocated, "kv_freed": freed,
             "kv_in_use": used, "num_waiting": queued - preempted, "num_preempted": preempted,
             "simulated": bool(self.runner.simulated),
+            "device_start_ns": device_start, "device_end_ns": device_end, "dropped_tokens": dropped,
         }
 
     def _request_row(self, req: Request) -> dict:
@@ -263,8 +275,3 @@ class RunRecord:
             "text": "".join(self._text.get(req.request_id, ())) if self._stream_text else _output_text(req.output_ids),
             "simulated": bool(self.runner.simulated),
         }
-
-
-def sampled_tokens(batch: Batch) -> np.ndarray:
-    """[sampled] the request ids that got a token, sorted (what a `tokens` mark compares)."""
-    return np.sort(batch.sampled_ids)

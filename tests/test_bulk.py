@@ -94,10 +94,12 @@ def test_bulk_runs_give_the_same_run(specs, cfg, num_blocks, block_size, swap_bl
 
 
 def test_a_steady_run_skips_most_iterations_and_stays_the_same():
-    """The default workload's shape: 16 slots, every request 128 tokens. Non-integer cost coefficients, so
-    the per-iteration times go through float rounding in both computations."""
+    """The default workload's shape: 16 slots, every request 128 tokens. Non-integer cost coefficients (the
+    host's time too, charged in prepare), so the per-iteration times go through float rounding in both
+    computations."""
     specs = [RequestSpec(0, 100, 128) for _ in range(48)] + [RequestSpec(5_000_000_000, 7, 300)]
-    cost = CostModel(fixed_ns=1_234_567.5, per_seq_ns=3_333.3, per_token_ns=45_678.9, per_context_token_ns=77.7)
+    cost = CostModel(fixed_ns=1_234_567.5, per_seq_ns=3_333.3, per_token_ns=45_678.9, per_context_token_ns=77.7,
+                     host_ns=456_789.6)
     args = (specs, SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=512), 4096, 16, 0, None, True)
     slow, fast = _run(*args, bulk=False, cost=cost), _run(*args, bulk=True, cost=cost)
     _assert_same(slow, fast)
@@ -196,7 +198,8 @@ def test_decode_steps_match_forward_and_sample_one_by_one():
     cost = CostModel(fixed_ns=2e6 / 3, per_seq_ns=1e4 / 7, per_token_ns=4.5e4 / 11, per_context_token_ns=0.1)
     runner = SimulatedRunner(SimClock(), cost)
     ids, pos, gen = np.array([3, 17, 4]), np.array([40, 7, 1000]), np.array([5, 1, 300])
-    times = runner.decode_times(_decode_batch(ids, pos, gen), 50)
+    host_ns, times = runner.decode_times(_decode_batch(ids, pos, gen), 50)
+    assert host_ns == 0
     tokens = runner.decode_tokens(_decode_batch(ids, pos, gen), 50)
     for step in range(50):
         batch = _decode_batch(ids, pos + step, gen + step)
