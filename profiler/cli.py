@@ -110,6 +110,8 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
                    help="torch runner: CPU threads (default 1: torch's default of one per core slows down many "
                         "times over when another process holds a core)")
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--overlap", action="store_true",
+                   help="schedule and prepare each iteration while the device runs the one before")
 
 
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
@@ -128,7 +130,7 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
                       num_kv_heads=args.kv_heads, intermediate_size=args.intermediate,
                       checkpoint=args.checkpoint, device=args.device, threads=args.threads)
     spec = RunSpec(scheduler=sched, runner=args.runner, num_blocks=args.num_blocks, block_size=args.block_size,
-                   swap_blocks=args.swap_blocks, seed=args.seed, model=model)
+                   swap_blocks=args.swap_blocks, seed=args.seed, model=model, overlap=args.overlap)
     if args.cost is not None:
         from itertrace.profiler.calibrate import load
 
@@ -305,6 +307,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from itertrace.profiler.calibrate import calibrate, save
 
     spec = replace(spec_from_args(args), runner="torch")
+    if spec.overlap:
+        raise UserError("--overlap: calibrate times iterations run one after the other; leave it out")
     if args.out.is_dir():  # these before the minutes calibrating takes
         raise UserError(f"--out {args.out}: is a folder; --out names the cost-model file")
     if why := no_folder_for(args.out):

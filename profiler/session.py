@@ -44,6 +44,7 @@ class RunSpec:
     seed: int = 0
     model: ModelSpec = field(default_factory=ModelSpec)
     cost: CostModel = field(default_factory=CostModel)
+    overlap: bool = False  # schedule and prepare each iteration while the device runs the one before (overlap.py)
 
 
 def make_runner(spec: RunSpec):
@@ -111,7 +112,7 @@ def _engine(spec: RunSpec, clock, runner, run_dir: Path | None, **options) -> En
     blocks = BlockManager(spec.num_blocks, spec.block_size, spec.swap_blocks)
     labels = {"runner": runner.name, "simulated": bool(runner.simulated)}  # as run.json says
     log = RunLog(run_dir, labels=labels) if run_dir is not None else None
-    return Engine(Scheduler(spec.scheduler, blocks), runner, clock, log=log, **options)
+    return Engine(Scheduler(spec.scheduler, blocks), runner, clock, log=log, overlap=spec.overlap, **options)
 
 
 def _close(engine: Engine, spec: RunSpec, workload: str | dict, result: RunResult) -> None:
@@ -239,6 +240,7 @@ def summarize(result: RunResult, capacity: int) -> dict:
         "output_tokens": tokens,
         "iterations": result.iterations,
         "iterations_in_bulk": result.iterations_in_bulk,  # run at once (Engine._run_in_bulk): same logs
+        "tokens_dropped": result.tokens_dropped,  # overlap mode: computed for requests that had ended
         "slot_iterations": result.iterations * capacity,
         "idle_slot_iterations": result.idle_slot_iterations,
         "idle_held_by_finished": result.idle_finished,
