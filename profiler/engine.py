@@ -136,6 +136,7 @@ class Engine:
             times = self.tracer.start_step(iteration)
             decision, queued, preempted = self.schedule(iteration, times)
             if not decision.work:  # nothing runnable: an iteration with no forward pass, logged as such
+                self.idle_swaps(decision, times)
                 self.record.no_tokens(iteration)
                 self.tracer.end_step()
                 self.log_idle(decision, times, queued, preempted)
@@ -183,6 +184,14 @@ class Engine:
             decision = self.scheduler.schedule(iteration)
             self.record.mark_admissions()
         return decision, len(self.scheduler.waiting), self.scheduler.waiting.num_preempted
+
+    def idle_swaps(self, decision: Decision, times: StepTimes) -> None:
+        """The swaps of an iteration that runs nothing (all that was runnable yielded its blocks): they are made
+        all the same, in its prepare phase, so that a swapped-out request's blocks are in the swap pool when it
+        is swapped back in."""
+        if decision.swap.swap_out or decision.swap.swap_in:
+            with self.tracer.phase(PhaseName.PREPARE, times):
+                self.runner.swap(decision.swap)
 
     def log_idle(self, decision: Decision, times: StepTimes, queued: int, preempted: int) -> None:
         """The row of an iteration with no forward pass: its schedule phase alone."""

@@ -83,6 +83,7 @@ def overlap_steps(engine: Engine, requests: Iterable[Request]) -> Generator[None
             if ahead is not None:
                 _complete(engine, ahead, _collect(engine, ahead), result, times)
                 ahead = None
+            engine.idle_swaps(decision, times)  # the device is done with what they copy
             record.no_tokens(iteration)
             tracer.close_step(step)
             engine.log_idle(decision, times, launched.queued, launched.preempted)

@@ -15,7 +15,8 @@ class CheckedRunner:
       another request's), as many as its context needs;
     - no row runs a request past its max_tokens;
     - a block goes back to the pool while an iteration that reads it is prepared or on the device only
-      when its request was preempted (the iteration that reuses it runs after on the device).
+      when its request was preempted (the iteration that reuses it runs after on the device);
+    - a swap-in reads only a swap slot that a swap-out made before it filled.
     """
 
     def __init__(self, inner, blocks: BlockManager, requests: list[Request]) -> None:
@@ -26,6 +27,7 @@ class CheckedRunner:
         self.prepared: set[int] = set()  # requests of the batch prepared and not yet launched
         self.on_device: set[int] = set()  # requests of the batch launched and not yet collected
         self.batches = 0
+        self.filled: set[int] = set()  # swap slots that a swap-out made has filled
         give_back = blocks.device.give_back
 
         def checked_give_back(owner: int, returned: list[int]) -> None:
@@ -62,6 +64,7 @@ class CheckedRunner:
     def launch(self, prepared, swap, previous, on_device) -> None:
         assert not self.on_device, "a second launch before the first was collected"
         self.on_device, self.prepared = self.prepared, set()
+        self._swapped(swap)
         self.inner.launch(prepared, swap, previous, on_device)
 
     def collect(self):
@@ -73,7 +76,15 @@ class CheckedRunner:
         return self.inner.sample(batch, logits)
 
     def swap(self, plan) -> None:
+        self._swapped(plan)
         self.inner.swap(plan)
+
+    def _swapped(self, plan) -> None:
+        """Every copy of a plan reads the state before it: the slots swap-ins read were filled earlier."""
+        for slot, _ in plan.swap_in:
+            assert slot in self.filled, f"swap-in from slot {slot}, which no swap-out made filled"
+        self.filled -= {slot for slot, _ in plan.swap_in}
+        self.filled |= {slot for _, slot in plan.swap_out}
 
     def release(self, request_id: int) -> None:
         self.inner.release(request_id)
