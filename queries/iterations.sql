@@ -1,8 +1,9 @@
 -- Iterations as a trace shows them, each with a host and a device interval. The host interval is
--- the step range. The device interval is, on CUDA, the GPU projection of the work launched inside
--- the step, and on a run without GPU work, the device-pattern range inside the step (this engine's
--- `forward`). Range names come from the mapping (mapping.sql), so the same SQL serves other
--- programs' traces.
+-- the step range (push/pop, or start/end where steps overlap, as in this engine's overlap mode). The
+-- device interval is, on CUDA, the GPU projection of the work launched inside the step, and on a run
+-- without GPU work, the device-pattern range inside the step (this engine's `forward`), or the one
+-- numbered as the step (see _iterations_device_ranges). Range names come from the mapping
+-- (mapping.sql), so the same SQL serves other programs' traces.
 
 -- The step ranges the mapping names, numbered as it says.
 CREATE VIEW _iterations_steps AS
@@ -21,25 +22,44 @@ FROM nvtx_ranges
 WHERE regexp_matches(text, mapping_step_pattern())
   AND (mapping_domain() IS NULL OR domain_name = mapping_domain());
 
--- Per step, the span of the device-pattern ranges inside it on its thread. A device range belongs to
--- the step that started last at or before it on the same thread (a sort-based ASOF join), if that
--- step also encloses its end; a device range still open when the capture stopped has no end and
--- counts for nothing.
+-- Per step, the span of the device-pattern ranges that are its device work. Where steps are numbered
+-- by payload, a device range that carries an int64 payload is the device work of the step of that
+-- number in its process that encloses it in time, on whatever thread it ran (this engine's overlap
+-- mode runs each forward pass on a device thread, numbered by its iteration, while the next step has
+-- begun). Any other device range belongs to the step that started last at or before it on the same
+-- thread (a sort-based ASOF join), if that step also encloses its end. A device range still open
+-- when the capture stopped has no end and counts for nothing.
 CREATE VIEW _iterations_device_ranges AS
 WITH
   device AS (
-    SELECT global_tid, start_ns, end_ns
+    SELECT
+      global_tid,
+      global_pid,
+      start_ns,
+      end_ns,
+      CASE WHEN mapping_iteration_from() = 'payload' THEN int64_value END AS iteration
     FROM nvtx_ranges
     WHERE mapping_device_pattern() IS NOT NULL
       AND regexp_matches(text, mapping_device_pattern())
       AND (mapping_domain() IS NULL OR domain_name = mapping_domain())
       AND end_ns IS NOT NULL
+  ),
+  numbered AS (
+    SELECT s.range_id, d.start_ns, d.end_ns
+    FROM device AS d
+    JOIN _iterations_steps AS s
+      ON s.global_pid = d.global_pid AND s.iteration = d.iteration
+     AND s.start_ns <= d.start_ns AND d.end_ns <= coalesce(s.end_ns, 9223372036854775807)
+  ),
+  enclosed AS (
+    SELECT s.range_id, d.start_ns, d.end_ns
+    FROM (SELECT * FROM device WHERE iteration IS NULL) AS d
+    ASOF JOIN _iterations_steps AS s ON s.global_tid = d.global_tid AND s.start_ns <= d.start_ns
+    WHERE d.end_ns <= coalesce(s.end_ns, 9223372036854775807)
   )
-SELECT s.range_id, min(d.start_ns) AS start_ns, max(d.end_ns) AS end_ns
-FROM device AS d
-ASOF JOIN _iterations_steps AS s ON s.global_tid = d.global_tid AND s.start_ns <= d.start_ns
-WHERE d.end_ns <= coalesce(s.end_ns, 9223372036854775807)
-GROUP BY s.range_id;
+SELECT range_id, min(start_ns) AS start_ns, max(end_ns) AS end_ns
+FROM (SELECT * FROM numbered UNION ALL SELECT * FROM enclosed)
+GROUP BY range_id;
 
 -- Per step, the start of the first CUDA API call inside it that launched GPU work.
 CREATE VIEW _iterations_first_launch AS
