@@ -3,7 +3,8 @@ phases on the engine's thread, forward passes numbered by iteration on a device 
 from __future__ import annotations
 
 import pytest
-from query_fixtures import PID_100, TID_A, TID_B, TID_C, TraceDB, mark, push_pop, start_end
+from query_fixtures import (PID_100, TID_A, TID_B, TID_C, TraceDB, api_call, gpu_op, mark, projection, push_pop,
+                            start_end)
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +69,23 @@ def test_a_numbered_forward_range_outside_its_step_is_not_its_device_work(trace)
     late = [r if r["range_id"] != 41 else {**r, "start_ns": 910, "end_ns": 950} for r in tables["nvtx_ranges"]]
     rows = trace.load({**tables, "nvtx_ranges": late}).query("iterations")
     assert [(r[0], r[7], r[8]) for r in rows] == [(0, 100, 400), (1, None, None), (2, 840, 1140)]
+
+
+def test_on_cuda_the_device_interval_is_the_work_each_numbered_forward_launched(trace):
+    """Overlap mode on CUDA: the forward ranges (push/pop on the engine's thread, numbered) launch the kernels;
+    step 0, still open while step 1's forward launches, would project onto both iterations' work."""
+    tables = {
+        "nvtx_ranges": [start_end(1, "step", 0, 500, payload=0), start_end(2, "step", 300, 900, payload=1),
+                        push_pop(3, "forward", 100, 150, payload=0), push_pop(4, "forward", 460, 500, payload=1),
+                        push_pop(5, "sample", 440, 455)],
+        "cuda_api": [api_call(1, 110, 120, correlation_id=1), api_call(2, 470, 480, correlation_id=2)],
+        "gpu_ops": [gpu_op(1, 130, 420, correlation_id=1), gpu_op(2, 490, 800, correlation_id=2)],
+        "nvtx_gpu_projection": [projection(1, 130, 800, 2), projection(2, 490, 800, 1), projection(3, 130, 420, 1),
+                                projection(4, 490, 800, 1)],
+    }
+    assert trace.load(tables).query("iterations") == [
+        (0, TID_A, PID_100, 1, 0, 500, 500, 130, 420, 290, "gpu", 1, 110, 20),
+        (1, TID_A, PID_100, 2, 300, 900, 600, 490, 800, 310, "gpu", 1, 470, 20)]
+    assert trace.query("host_gaps") == [(TID_A, 0, 1, 420, 490, 70)]
+    assert trace.query("host_gaps_parts") == [  # launching the next forward pass is host work too
+        (TID_A, 1, "forward", 30), (TID_A, 1, "sample", 15), (TID_A, 1, "unattributed", 25)]
