@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from itertrace.profiler.intake import Intake, NoProgress
 from itertrace.profiler.nvtx_ranges import FINISH, PhaseName, StepTimes
 from itertrace.profiler.records import RunResult
 from itertrace.profiler.request import Request
@@ -55,8 +56,6 @@ class _Launched:
 
 def overlap_steps(engine: Engine, requests: Iterable[Request]) -> Generator[None, None, RunResult]:
     """Engine.steps in overlap mode: a generator that pauses before each pass and returns the RunResult."""
-    from itertrace.profiler.engine import Intake, NoProgress
-
     sched, runner, tracer, record, clock = engine.scheduler, engine.runner, engine.tracer, engine.record, engine.clock
     intake = Intake(requests)
     result = record.begin(intake.requests, clock.now_ns())

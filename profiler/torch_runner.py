@@ -1,10 +1,6 @@
 """The real runner: a torch transformer over a paged KV cache, on the CPU or a CUDA device."""
 from __future__ import annotations
 
-import sys
-import threading
-import weakref
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,11 +11,9 @@ from torch import Tensor
 from itertrace.profiler.batch import Batch, SwapPlan
 from itertrace.profiler.checkpoint import load_checkpoint
 from itertrace.profiler.decode_inputs import DecodeInputs
+from itertrace.profiler.launcher import Launcher
 from itertrace.profiler.model import AttentionMetadata, ModelConfig, random_model
 from itertrace.profiler.sampling import Sampler
-
-
-GIL_SWITCH_S = 0.0005  # overlap mode on the CPU: see TorchRunner._start_device_thread
 
 
 @dataclass
@@ -93,10 +87,7 @@ class TorchRunner:
         self._inputs: list[DecodeInputs | None] = [None, None]
         self._prepared_in: int | None = None  # which of them the last prepared batch uses (None: neither)
         self._reading: int | None = None  # which of them the forward pass on the device reads (overlap mode)
-        self._launched = None  # overlap mode: what collect waits for
-        self._device_thread: ThreadPoolExecutor | None = None  # overlap mode on the CPU: runs forward passes
-        self._started = threading.Event()  # ... and says when one started
-        self._stream = self._done = None  # overlap mode on CUDA: the forward passes' stream, and its event
+        self._launcher = Launcher(self.device)  # overlap mode: runs forward passes beside the host
         # what an all-decode batch is checked against: the largest token id, position and slot, plus one
         self._decode_limits = (self.config.vocab_size, self.config.max_position, num_blocks * block_size)
 
@@ -257,52 +248,24 @@ class TorchRunner:
 
     # ---- overlap mode ---------------------------------------------------------------------------------
     def launch(self, prepared: PreparedBatch, swap: SwapPlan, previous: np.ndarray | None, on_device) -> None:
-        """Start the swaps and the forward pass and return while they run: on the CPU on a device thread (torch
-        releases the GIL inside its ops, so the host's thread goes on), on CUDA on a stream of their own, the
-        logits copied back into pinned memory behind an event. The placeholders get `previous`'s tokens."""
-        if self._launched is not None:
-            raise RuntimeError("launch: the forward pass launched before was not collected")
+        """Start the swaps and the forward pass and return while they run (see Launcher); the placeholders get
+        `previous`'s tokens first."""
         self._put_tokens(prepared, previous)
         self._reading = self._prepared_in
-        if self.device.type == "cuda":
-            self._launched = self._launch_on_stream(prepared, swap, on_device)
-        else:
-            if self._device_thread is None:
-                self._start_device_thread()
-            self._started.clear()
-            self._launched = self._device_thread.submit(self._on_device, prepared, swap, on_device)
-            # Wait for the device thread to start: until this thread blocks, the device thread cannot take
-            # the GIL (the interpreter hands it over only every sys.getswitchinterval(), 5 ms), so the
-            # forward pass would wait for the host's work instead of running beside it.
-            self._started.wait()
+
+        def work() -> Tensor:
+            if swap.swap_out or swap.swap_in:
+                self.swap(swap)
+            return self._logits(prepared)
+
+        self._launcher.launch(work, on_device, prepared)
 
     def collect(self) -> Tensor:
         """Wait for the launched forward pass; its logits (on CUDA in pinned host memory)."""
-        launched, self._launched = self._launched, None
-        if launched is None:
-            raise RuntimeError("collect: no forward pass was launched")
         try:
-            if self.device.type == "cuda":
-                self._done.synchronize()
-                return launched[0]
-            return launched.result()
+            return self._launcher.collect()
         finally:
             self._reading = None
-
-    def _start_device_thread(self) -> None:
-        """The CPU's device thread, with this thread's torch thread count (OpenMP's count is per thread).
-
-        While it lives the interpreter hands the GIL from thread to thread every GIL_SWITCH_S instead of
-        every 5 ms: the forward pass of a small model is mostly Python between short ops, so the device
-        thread takes the GIL back after each op before a waiting host thread wakes, and the host thread
-        would get it only when the interpreter forces a switch. Then the worked example on the CPU runs
-        at about 0.6 of the speed without overlap (see README, overlap mode).
-        """
-        self._device_thread = ThreadPoolExecutor(1, thread_name_prefix="itertrace-device",
-                                                 initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),))
-        weakref.finalize(self, self._device_thread.shutdown, wait=False)
-        weakref.finalize(self, sys.setswitchinterval, sys.getswitchinterval())
-        sys.setswitchinterval(GIL_SWITCH_S)
 
     def _put_tokens(self, prepared: PreparedBatch, previous: np.ndarray | None) -> None:
         """Write the previous iteration's tokens where the batch has placeholders."""
@@ -318,28 +281,6 @@ class TorchRunner:
         else:
             prepared.input_ids[torch.from_numpy(at)] = tokens
         prepared.placeholders = None
-
-    def _on_device(self, prepared: PreparedBatch, swap: SwapPlan, on_device) -> Tensor:
-        with on_device:
-            self._started.set()
-            if swap.swap_out or swap.swap_in:
-                self.swap(swap)
-            return self.forward(prepared)
-
-    def _launch_on_stream(self, prepared: PreparedBatch, swap: SwapPlan, on_device) -> tuple:
-        """CUDA: the swaps, the forward pass and the logits' copy to pinned memory, queued on the runner's stream
-        after what prepare queued; returns what must live until collect (the copy, the inputs, the logits)."""
-        if self._stream is None:
-            self._stream, self._done = torch.cuda.Stream(self.device), torch.cuda.Event()
-        self._stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self._stream), on_device:
-            if swap.swap_out or swap.swap_in:
-                self.swap(swap)
-            logits = self._logits(prepared)
-            host = torch.empty(logits.shape, dtype=logits.dtype, pin_memory=True)
-            host.copy_(logits, non_blocking=True)
-            self._done.record(self._stream)
-        return host, prepared, logits
 
     def sample(self, batch: Batch, logits: Tensor) -> np.ndarray:
         """One token per sequence with sample=True, in batch order."""
