@@ -49,6 +49,8 @@ class Engine:
         # simulated iterations take microseconds: every thousandth will do; a model's, every one
         self._progress_every = 1000 if runner.simulated else 1
         self.on_iteration = on_iteration  # called with (decision, start_ns, end_ns) after each iteration
+        if overlap and not runner.overlaps:
+            raise ValueError(f"runner {runner.name} cannot launch a forward pass and go on: no overlap mode")
         self.overlap = overlap
         # iterations run in bulk only where the runner can, nobody watches each iteration, no tool
         # records NVTX (each iteration keeps its step range under nsys), and one loop runs at a time

@@ -133,7 +133,10 @@ def _complete(engine: Engine, ahead: _Launched, tokens: np.ndarray, result: RunR
         record.detokenize(getting, tokens[kept])
     tracer.close_step(ahead.step)
     dropped = len(kept) - int(kept.sum())
-    result.tokens_dropped += dropped
+    if dropped:  # their requests had ended: what sampling their tokens made again goes too
+        result.tokens_dropped += dropped
+        for rid in batch.sampled_ids[~kept].tolist():
+            engine.runner.release(rid)
     start, end = times.start_ns, times.last_end()
     now = (current.start_ns,) * 2 if current is not None else (start, end)
     record.flush_events(*now, {decision.iteration: (start, end)})
