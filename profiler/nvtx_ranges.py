@@ -53,19 +53,23 @@ _COLORS = {STEP: "green", "schedule": "blue", "prepare": "cyan", "forward": "red
 
 
 class StepTimes:
-    """One iteration's clock readings (ns): when it started, and when each phase's range opened and closed."""
+    """One iteration's clock readings (ns): when it started, and when each phase's range closed and, for
+    phases of overlapping iterations (`opened`), when it opened."""
 
     __slots__ = ("start_ns", "starts", "ends")
 
-    def __init__(self, start_ns: int) -> None:
+    def __init__(self, start_ns: int, opened: bool = False) -> None:
         self.start_ns = start_ns
-        self.starts: list[int | None] = [None] * len(PHASES)  # by PhaseName order
+        self.starts: list[int | None] | None = [None] * len(PHASES) if opened else None  # by PhaseName order
         self.ends: list[int | None] = [None] * len(PHASES)
 
     def back_to_back(self) -> tuple[int, tuple[int, ...]]:
         """(end, ns per phase) of phases that ran one after the other: each from the last one's end, so
         that they add up to the iteration; a phase that did not run takes 0 at the last one's end."""
-        durations, last = [], self.start_ns
+        s, (a, b, c, d, e, f) = self.start_ns, self.ends
+        if f is not None:  # every phase ran (the engine runs them all or schedule alone)
+            return f, (a - s, b - a, c - b, d - c, e - d, f - e)
+        durations, last = [], s
         for end in self.ends:
             end = last if end is None else end
             durations.append(end - last)
@@ -91,7 +95,8 @@ class StepTimes:
 
 class _Range:
     """A reusable push/pop context manager for one phase (cheaper than contextlib's): it reads the clock
-    just before its range opens and just after it closes, into the StepTimes it was handed."""
+    just after its range closes (and, for a StepTimes that keeps openings, just before it opens) into the
+    StepTimes it was handed."""
 
     __slots__ = ("_attrs", "_handle", "_index", "_now", "times")
 
@@ -100,7 +105,9 @@ class _Range:
         self.times: StepTimes | None = None
 
     def __enter__(self) -> None:
-        self.times.starts[self._index] = self._now()
+        starts = self.times.starts
+        if starts is not None:
+            starts[self._index] = self._now()
         _push(self._attrs, self._handle)
 
     def __exit__(self, *exc) -> None:
@@ -152,7 +159,7 @@ class Tracer:
         """Overlap mode: read the clock and open the iteration's `step` as a start/end range (consecutive
         ones overlap in time, so they cannot nest on one thread); its phases are push/pop ranges on this
         thread, and its forward pass is a `forward` range with the iteration as payload (see device_forward)."""
-        times = StepTimes(self._now())
+        times = StepTimes(self._now(), opened=True)
         return times, _start(self._attrs(STEP, iteration), self._handle)
 
     def close_step(self, step: object) -> None:
