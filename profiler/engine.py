@@ -120,7 +120,8 @@ class Engine:
                                       preempted, result)
                 ran = 1
             iteration += ran
-            self.report_progress(iteration, ran, intake.taken)
+            if self.progress is not None:
+                self.report_progress(iteration, ran, intake.taken)
         return self.record.end(result, iteration, clock.now_ns())
 
     # ---- around an iteration -------------------------------------------------------------------------
@@ -173,10 +174,9 @@ class Engine:
 
     def report_progress(self, iteration: int, ran: int, arrived: int) -> None:
         """Progress at every multiple of _progress_every that the last `ran` iterations passed."""
-        if self.progress is not None:
-            every = self._progress_every
-            for passed in range((iteration - ran) // every + 1, iteration // every + 1):
-                self.progress(passed * every, arrived)
+        every = self._progress_every
+        for passed in range((iteration - ran) // every + 1, iteration // every + 1):
+            self.progress(passed * every, arrived)
 
     # ---- one iteration ----------------------------------------------------------------------------------
     def iteration(self, decision: Decision, times: StepTimes) -> StepTimes:

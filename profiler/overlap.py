@@ -103,7 +103,8 @@ def overlap_steps(engine: Engine, requests: Iterable[Request]) -> Generator[None
         launched.kv = record.kv_counts()
         ahead = launched
         iteration += 1
-        engine.report_progress(iteration, 1, intake.taken)
+        if engine.progress is not None:
+            engine.report_progress(iteration, 1, intake.taken)
     return record.end(result, iteration, clock.now_ns())
 
 

@@ -242,7 +242,11 @@ class RunRecord:
         left them after scheduling, `kv` read now when not given."""
         sched = self.scheduler
         schedule_ns, prepare_ns, forward_ns, sample_ns, detokenize_ns, postprocess_ns = phases_ns
-        allocated, freed, used = kv or self.kv_counts()
+        if kv is None:
+            blocks = sched.blocks
+            allocated, freed, used = blocks.allocated_this_iteration, blocks.freed_this_iteration, blocks.device.num_used
+        else:
+            allocated, freed, used = kv
         device_start, device_end = device or (None, None)
         return {
             "iteration": d.iteration, "start_ns": start, "end_ns": end, "dur_ns": end - start,
