@@ -158,8 +158,9 @@ class Engine:
         """The row of an iteration with no forward pass: its schedule phase alone."""
         end, phases_ns = times.back_to_back()
         self.record.flush_events(times.start_ns, end)
-        if self.log is not None:
-            self.log.iteration(self.record.iteration_row(decision, times.start_ns, end, phases_ns, queued, preempted,
+        log = self.record.log
+        if log is not None:
+            log.iteration(self.record.iteration_row(decision, times.start_ns, end, phases_ns, queued, preempted,
                                                          None))
 
     def finish_iteration(self, decision: Decision, start: int, end: int, phases_ns: tuple[int, ...],
@@ -169,8 +170,9 @@ class Engine:
         self.record.tally(result, decision, queued, 1)
         if self.on_iteration is not None:
             self.on_iteration(decision, start, end)
-        if self.log is not None:
-            self.log.iteration(self.record.iteration_row(decision, start, end, phases_ns, queued, preempted, device))
+        log = self.record.log  # (the log property, read once)
+        if log is not None:
+            log.iteration(self.record.iteration_row(decision, start, end, phases_ns, queued, preempted, device))
 
     def report_progress(self, iteration: int, ran: int, arrived: int) -> None:
         """Progress at every multiple of _progress_every that the last `ran` iterations passed."""
@@ -191,7 +193,8 @@ class Engine:
         with tracer.phase(PhaseName.SAMPLE, times):
             tokens = runner.sample(batch, logits)
         with tracer.phase(PhaseName.DETOKENIZE, times):
-            self.record.detokenize(batch.sampled_ids, tokens)
+            if self.record.streams_text:
+                self.record.detokenize(batch.sampled_ids, tokens)
         with tracer.phase(PhaseName.POSTPROCESS, times):
             for req in self.scheduler.postprocess(decision, tokens, decision.iteration):
                 tracer.mark(FINISH, req.request_id)  # inside its step: it finished this iteration
@@ -243,7 +246,8 @@ class Engine:
         in_use = sched.blocks.device.num_used + np.cumsum(allocated)
         allocated[0] = sched.blocks.allocated_this_iteration
         row = None
-        if self.log is not None:  # before commit_bulk moves the rows on: this iteration's row, as a template
+        log = self.record.log
+        if log is not None:  # before commit_bulk moves the rows on: this iteration's row, as a template
             row = self.record.iteration_row(d, start, start, (0,) * 6, queued, preempted, None)
         sched.commit_bulk(rows, tokens, block_steps, block_rows)
         self.clock.advance(int(ends[-1]) - start)
@@ -253,7 +257,7 @@ class Engine:
         self.record.tokens_in_bulk(ids, numbers, ends)
         self.record.tally(result, d, queued, steps)
         if row is not None:
-            self.log.iterations(row | {  # the rest as in this iteration's row (kv_freed: 0 in such a stretch)
+            log.iterations(row | {  # the rest as in this iteration's row (kv_freed: 0 in such a stretch)
                 "iteration": numbers, "start_ns": starts, "end_ns": ends, "dur_ns": dur, "prepare_ns": host_ns,
                 "forward_ns": device_ns, "device_start_ns": starts + host_ns, "device_end_ns": ends, "kv_allocated": allocated, "kv_in_use": in_use}, steps)
         result.iterations_in_bulk += steps

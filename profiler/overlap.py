@@ -144,7 +144,7 @@ def _complete(engine: Engine, ahead: _Launched, tokens: np.ndarray, result: RunR
     record.tally(result, decision, ahead.queued, 1)
     if engine.on_iteration is not None:
         engine.on_iteration(decision, start, end)
-    if engine.log is not None:
-        engine.log.iteration(record.iteration_row(decision, start, end, times.measured(), ahead.queued,
+    if record.log is not None:
+        record.log.iteration(record.iteration_row(decision, start, end, times.measured(), ahead.queued,
                                                   ahead.preempted, times.forward_interval(), kv=ahead.kv,
                                                   dropped=dropped))

@@ -88,7 +88,7 @@ class RunRecord:
         self.keep_membership, self.keep_tokens = keep_membership, keep_tokens
         # A real engine streams each token's text to its client; the simulated runner has no client,
         # so its text is decoded once, when the request row is written (the same text).
-        self._stream_text = not runner.simulated
+        self.streams_text = not runner.simulated
         self._detok: dict[int, IncrementalDetokenizer] = {}
         self._text: dict[int, list[str]] = {}
         self.times: dict[int, RequestTimes] = {}
@@ -155,7 +155,7 @@ class RunRecord:
     def detokenize(self, request_ids: np.ndarray, tokens: np.ndarray) -> None:
         """Stream each sampled token's text (a real engine's clients get it now); the simulated runner's is
         decoded when its request row is written."""
-        if not self._stream_text:
+        if not self.streams_text:
             return
         for rid, token in zip(request_ids.tolist(), tokens.tolist()):
             detok = self._detok.get(rid)
@@ -276,6 +276,6 @@ class RunRecord:
             "first_scheduled_iteration": req.first_scheduled_iteration, "num_preemptions": req.num_preemptions,
             "first_token_ns": times.first_token_ns if times else None,
             "finish_ns": times.finish_ns if times else None,
-            "text": "".join(self._text.get(req.request_id, ())) if self._stream_text else _output_text(req.output_ids),
+            "text": "".join(self._text.get(req.request_id, ())) if self.streams_text else _output_text(req.output_ids),
             "simulated": bool(self.runner.simulated),
         }
