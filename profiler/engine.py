@@ -94,7 +94,10 @@ class Engine:
                 self.wait_for_arrival(intake)
                 continue
             times = self.tracer.start_step(iteration)
-            decision, queued, preempted = self.schedule(iteration, times)
+            with self.tracer.phase(PhaseName.SCHEDULE, times):
+                decision = sched.schedule(iteration)
+                self.record.mark_admissions()
+            queued, preempted = len(sched.waiting), sched.waiting.num_preempted
             if not decision.work:  # nothing runnable: an iteration with no forward pass, logged as such
                 self.idle_swaps(decision, times)
                 self.record.no_tokens(iteration)
@@ -128,6 +131,8 @@ class Engine:
     def take_in(self, intake: Intake, iteration: int) -> None:
         """At an iteration boundary: the requests arrived by now join, the scripted cancels happen."""
         now = self.clock.now_ns()
+        if not intake.due(now, iteration):  # most boundaries: nothing to do
+            return
         for req in intake.arrived(now):
             self.record.take_in(req, self.clock.now_ns())
             self.scheduler.add(req, iteration)
@@ -138,13 +143,6 @@ class Engine:
     def wait_for_arrival(self, intake: Intake) -> None:
         if intake.more:
             self.clock.sleep_until(intake.next_arrival_ns())
-
-    def schedule(self, iteration: int, times: StepTimes) -> tuple[Decision, int, int]:
-        """The schedule phase: the decision, and the queue (waiting, of them preempted) it leaves."""
-        with self.tracer.phase(PhaseName.SCHEDULE, times):
-            decision = self.scheduler.schedule(iteration)
-            self.record.mark_admissions()
-        return decision, len(self.scheduler.waiting), self.scheduler.waiting.num_preempted
 
     def idle_swaps(self, decision: Decision, times: StepTimes) -> None:
         """The swaps of an iteration that runs nothing (all that was runnable yielded its blocks): they are made

@@ -29,6 +29,10 @@ class Intake:
         """Requests still to arrive."""
         return self.taken < len(self.requests)
 
+    def due(self, now_ns: int, iteration: int) -> bool:
+        """Whether a request has arrived by `now_ns` and is not taken in, or a cancel is scripted at `iteration`."""
+        return (self.taken < len(self._arrivals) and self._arrivals[self.taken] <= now_ns) or iteration in self._cancels
+
     def arrived(self, now_ns: int) -> list[Request]:
         """The requests arrived by `now_ns` and not yet taken in; they count as taken."""
         upto = bisect.bisect_right(self._arrivals, now_ns, lo=self.taken)

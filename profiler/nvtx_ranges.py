@@ -98,21 +98,21 @@ class _Range:
     just after its range closes (and, for a StepTimes that keeps openings, just before it opens) into the
     StepTimes it was handed."""
 
-    __slots__ = ("_attrs", "_handle", "_index", "_now", "times")
+    __slots__ = ("_attrs", "_handle", "_index", "_now", "starts", "ends")
 
     def __init__(self, attrs, handle, index: int, now) -> None:
         self._attrs, self._handle, self._index, self._now = attrs, handle, index, now
-        self.times: StepTimes | None = None
+        self.starts: list | None = None  # the StepTimes' lists it writes into (see Tracer.phase)
+        self.ends: list | None = None
 
     def __enter__(self) -> None:
-        starts = self.times.starts
-        if starts is not None:
-            starts[self._index] = self._now()
+        if self.starts is not None:
+            self.starts[self._index] = self._now()
         _push(self._attrs, self._handle)
 
     def __exit__(self, *exc) -> None:
         _pop(self._handle)
-        self.times.ends[self._index] = self._now()
+        self.ends[self._index] = self._now()
 
 
 class _DeviceRange(_Range):
@@ -122,14 +122,14 @@ class _DeviceRange(_Range):
 
     def __init__(self, attrs, handle, times: StepTimes, now) -> None:
         super().__init__(attrs, handle, _FORWARD, now)
-        self.times = times
+        self.starts, self.ends = times.starts, times.ends
 
     def span(self, start_ns: int, end_ns: int) -> None:
         """A device on a virtual clock (the simulated runner) ran from start_ns to end_ns: those are its times,
         and its range is emitted at once, as a trace of the process sees it."""
         _push(self._attrs, self._handle)
         _pop(self._handle)
-        self.times.starts[_FORWARD], self.times.ends[_FORWARD] = start_ns, end_ns
+        self.starts[_FORWARD], self.ends[_FORWARD] = start_ns, end_ns
 
 
 class Tracer:
@@ -173,7 +173,7 @@ class Tracer:
     def phase(self, name: PhaseName, times: StepTimes) -> _Range:
         """`with tracer.phase(PhaseName.FORWARD, times): ...` wraps the block in that phase's range, timed into `times`."""
         rng = self._phases[name]
-        rng.times = times
+        rng.starts, rng.ends = times.starts, times.ends
         return rng
 
     def mark(self, name: str, request_id: int) -> None:
