@@ -1,5 +1,5 @@
 """Benchmark (not a test): large workloads through the simulated runner, where the time goes, and what
-running quiet iterations at once (Engine._run_quiet) saves, measured side by side.
+running iterations in bulk (Engine._run_in_bulk) saves, measured side by side.
 
 Two workloads, all requests queued at t=0, run logs written, in this process:
 - `default`: what `itertrace run --num-requests N` runs (16 slots, prompts and outputs of 128 tokens):
@@ -8,7 +8,7 @@ Two workloads, all requests queued at t=0, run logs written, in this process:
   almost every iteration, so nearly every iteration goes through the loop one by one.
 For each: wall and CPU seconds for building the requests (synthetic prompts), the engine loop
 (scheduler, cost model, logs), and closing the run logs; iterations, how many ran in bulk, peak RSS.
-Then `--compare` requests of each workload run with fast-forward off and on, alternating, three rounds
+Then `--compare` requests of each workload run with bulk runs off and on, alternating, three rounds
 in one process: the ratio of their loop times (best of three each) is the figure to watch.
 
 Usage: python benchmarks/bench_simulated.py [--requests N] [--compare M] [--workload default|busy|both]
@@ -25,7 +25,7 @@ The code before this change (c0d68e5: prompts made up front, Parquet written on 
 run just before with `--compare 0`: default 26.3 s (build 3.96, loop 21.85), busy 42.0 s (build 3.89,
 loop 36.19); this code in the same sitting: default 19.2 s (build 1.05, loop 17.61), busy 39.4 s
 (build 1.46, loop 35.32). The previous day's figures for c0d68e5 were 29.2 s and 58.2 s: the machine
-was slower then, so compare within one sitting only. Before fast-forward (c6fb871) the default
+was slower then, so compare within one sitting only. Before bulk runs (c6fb871) the default
 workload took 156.1 s.
 So "100,000 requests in seconds" holds loosely for the default workload (under 20 s here, most of it
 the requests' own Python work: admission, prefill, finish, logging) and not for the busy one, whose
@@ -51,9 +51,10 @@ WORKLOADS = {
 }
 
 
-def timed_run(name: str, n: int, fast_forward: bool) -> dict:
+def timed_run(name: str, n: int, bulk: bool) -> dict:
     """One run of workload `name` with n requests: seconds (wall, CPU) per part, and what it did."""
     args = top.build_parser().parse_args(["run", "--num-requests", str(n), *WORKLOADS[name]])
+    cli._fill_workload_flags(args)  # the usual --prompt-len, --output-len, ... where not given
     spec = cli.spec_from_args(args)
     times: dict[str, tuple[float, float]] = {}
 
@@ -69,13 +70,13 @@ def timed_run(name: str, n: int, fast_forward: bool) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix="bench-simulated-"))
     try:
         result = part("loop+close", session.run, spec, requests, run_dir=run_dir, workload="synthetic",
-                      fast_forward=fast_forward)
+                      bulk=bulk)
         rows = json.loads((run_dir / "run.json").read_text())["tables"]
     finally:
         session._close = close
         shutil.rmtree(run_dir, ignore_errors=True)
     times["loop"] = tuple(t - c for t, c in zip(times.pop("loop+close"), times["close"]))
-    return {"times": times, "iterations": result.iterations, "bulk": result.fast_forwarded, "events": rows["events"]}
+    return {"times": times, "iterations": result.iterations, "bulk": result.iterations_in_bulk, "events": rows["events"]}
 
 
 def main() -> None:
@@ -102,8 +103,7 @@ def main() -> None:
                 for ff in (False, True):
                     loops[ff].append(timed_run(name, a.compare, ff)["times"]["loop"][0])
             off, on = min(loops[False]), min(loops[True])
-            print(f"{name}, {a.compare:,} requests, loop best of 3: one by one {off:.2f} s, quiet iterations in "
-                  f"bulk {on:.2f} s: x{off / on:.2f}")
+            print(f"{name}, {a.compare:,} requests, loop best of 3: one by one {off:.2f} s, in bulk {on:.2f} s: x{off / on:.2f}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 # Run from the repository root on the GPU machine, with logs written under $OUT (default /tmp/gpu-check):
 #   - the torch tests, which run on CUDA when it is present, and tests/test_cuda.py (CPU and CUDA
 #     runners batch for batch);
-#   - `itertrace run --runner torch --device cuda`, and the slot-time experiment on CUDA;
+#   - `itertrace run --runner torch --device cuda`, the same with and without --overlap side by side, and
+#     the slot-time experiment on CUDA;
 #   - the same run under `--torch-profile` (torch.profiler with CUDA activity: CUPTI), its trace ingested
 #     with its run log, then the iterations' device intervals, the host gaps by phase and the GPU work per
 #     stream on the engine's own kernels; the trace and the database are left in $OUT/torch-profile/;
@@ -43,7 +44,7 @@ python3 -c "import torch, duckdb; print('torch', torch.__version__, torch.cuda.g
 echo "cores: $(nproc); setup took $((SECONDS - start))s"
 
 TAIL=40 stage tests 200 python3 -m pytest -q -p no:cacheprovider -rs \
-  tests/test_cuda.py tests/test_torch_runner.py tests/test_torch_engine.py tests/test_model.py
+  tests/test_cuda.py tests/test_torch_runner.py tests/test_torch_engine.py tests/test_model.py tests/test_overlap_torch.py
 stage run 60 itertrace run --runner torch --device cuda --workload synthetic --num-requests 64 \
   --output-len uniform:16:128 --capacity 16 --out /tmp/gpu-run
 [[ -f /tmp/gpu-run/run.json ]] && python3 -c "import json; m = json.load(open('/tmp/gpu-run/run.json')); print({k: m[k] for k in ('runner', 'device', 'device_name', 'clock_source')})"
@@ -61,6 +62,24 @@ if [[ -f $PROF/torch/trace.json.gz ]]; then
       count(correlation_id) AS correlated FROM gpu_ops GROUP BY ALL ORDER BY ALL\" &&
     { itertrace query gpu_time --db '$PROF/trace.duckdb' 2>/dev/null || echo '(no gpu_time query in this build)'; }"
 fi
+# overlap mode on CUDA beside the same run without it: throughput, TPOT, and the host-gap share from each run log
+for mode in plain overlap; do
+  stage "run_$mode" 60 itertrace run --runner torch --device cuda --workload synthetic --num-requests 64 \
+    --output-len uniform:16:128 --capacity 16 --format json --out /tmp/gpu-run-$mode $([[ $mode == overlap ]] && echo --overlap)
+done
+python3 - <<'PY'
+import json, numpy as np, pyarrow.parquet as pq
+for mode in ("plain", "overlap"):
+    try:
+        s = json.load(open(f"/tmp/gpu-run-{mode}/run.json"))["summary"]
+        t = pq.read_table(f"/tmp/gpu-run-{mode}/iterations.parquet", columns=["device_start_ns", "device_end_ns"])
+    except OSError as exc:
+        print(mode, "no run:", exc); continue
+    start, end = (np.array(t.column(c).drop_null(), dtype=np.int64) for c in ("device_start_ns", "device_end_ns"))
+    gaps = np.maximum(start[1:] - np.maximum.accumulate(end)[:-1], 0).sum()  # as host_gaps counts them
+    print(f"{mode}: {s['throughput_tok_s']:.0f} tok/s, TPOT p50 {s['tpot_ms_p50']:.3f} ms, "
+          f"gap share {gaps / (end.max() - start.min()):.3f}, tokens dropped {s['tokens_dropped']}")
+PY
 stage bench_queries 200 python3 benchmarks/bench_queries.py --repeat 2 --capture .gpu/worked-example-continuous.arrow
 stage slot_time 150 itertrace experiment slot-time --runner torch --device cuda
 stage bench_scheduler 45 python3 benchmarks/bench_scheduler.py

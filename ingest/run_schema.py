@@ -45,6 +45,7 @@ class RunTable:
     table: str  # table name in the database
     doc: str
     columns: dict[str, tuple[Kind, str]]
+    optional: frozenset[str] = frozenset()  # columns an older engine did not write: absent from its run directories
 
     @property
     def file_name(self) -> str:
@@ -92,7 +93,12 @@ ITERATIONS = RunTable("iterations", "run_iterations", (
     "num_waiting": (_I, "Requests queued that never ran, after scheduling."),
     "num_preempted": (_I, "Preempted requests waiting to resume, after scheduling."),
     "simulated": (_B, "True when the simulated runner (a cost model on a virtual clock) made this row."),
-})
+    "device_start_ns": (_I, "When the iteration's forward pass started, on the run's clock (in overlap mode on the "
+                            "thread that ran it); NULL for an iteration with no forward pass."),
+    "device_end_ns": (_I, "When its forward pass ended, on the run's clock; NULL for an iteration with no forward pass."),
+    "dropped_tokens": (_I, "Overlap mode: tokens this iteration computed for requests that had ended (a stop token "
+                           "in the iteration before, or a cancel), dropped: never emitted nor counted; 0 otherwise."),
+}, optional=frozenset({"device_start_ns", "device_end_ns", "dropped_tokens"}))
 
 EVENTS = RunTable("events", "run_events", (
     "The engine's request events (events.parquet): one row per transition of a request. ts_ns is on the run's "

@@ -105,7 +105,8 @@ def check_table(run_dir: Path, spec: RunTable, meta: dict[str, Any]) -> None:
     for column, (kind, _) in spec.columns.items():
         index = table.schema.get_field_index(column)
         if index < 0:
-            problems.append(f"no column {column}")
+            if column not in spec.optional:
+                problems.append(f"no column {column}")
         elif not kind.matches(table.schema.field(index).type):
             problems.append(f"column {column} is {table.schema.field(index).type}, expected {kind.value}")
     if problems:

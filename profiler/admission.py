@@ -65,12 +65,14 @@ class Admission:
 
         The caller takes the request out of the running set (and, in continuous mode, back to the queue).
         """
+        req.move(Phase.PREEMPTED, Reason.KV_EXHAUSTED, iteration)
         if self.config.preemption is PreemptKind.SWAP and len(req.block_ids) <= self.blocks.swap.num_free:
             swap.swap_out.extend(self.blocks.swap_out(req))
         else:
-            self.blocks.free(req)
+            # at once, even while the device reads them (overlap mode): the iteration that reuses them
+            # runs after that one on the device
+            self.blocks.free(req, at_once=True)
             req.num_computed = 0
-        req.move(Phase.PREEMPTED, Reason.KV_EXHAUSTED, iteration)
         req.num_preemptions += 1
         req.enqueued_iteration = iteration
         self.counts["preempted"] += 1

@@ -141,11 +141,18 @@ class Runner(Protocol):
     `prepare` builds device inputs (positions, slot mapping, block tables), `forward` runs the model
     and returns logits for the sequences with `sample=True` (in batch order), `sample` turns those
     logits into one token id per sampling sequence: an int64 array in the same order.
+
+    In overlap mode (`overlaps`) `launch` takes the place of `swap` and `forward`: it starts the swaps
+    and the forward pass and returns while they run, and `collect` waits for their logits. A batch
+    prepared then may hold placeholders among its token ids: -1 - j stands for the j-th token sampled
+    in the iteration before, which `launch` is given and puts in.
     """
 
     name: str
     simulated: bool
     reads_tokens: bool  # False: forward needs only how many tokens each row runs (see Scheduler.read_tokens)
+    runs_in_bulk: bool  # True: decode_times and decode_tokens give a stretch of all-decode iterations at once
+    overlaps: bool  # True: launch and collect run a forward pass while the host goes on (overlap mode)
 
     def prepare(self, batch: Batch) -> object: ...
 
@@ -156,3 +163,18 @@ class Runner(Protocol):
     def swap(self, plan: SwapPlan) -> None: ...
 
     def release(self, request_id: int) -> None: ...
+
+    def launch(self, prepared: object, swap: SwapPlan, previous: np.ndarray | None, on_device) -> None:
+        """Start the swaps and the forward pass of `prepared`, inside the context manager `on_device` on
+        the thread that runs them (or, for a device on a virtual clock, on_device.span(start_ns, end_ns)),
+        and return; placeholders take their tokens from `previous` (runners that overlap only)."""
+
+    def collect(self) -> object:
+        """Wait for the launched forward pass: its logits, as forward returns them (runners that overlap only)."""
+
+    def decode_times(self, batch: Batch, steps: int) -> tuple[int, np.ndarray]:
+        """Host ns (prepare) per iteration, and [steps] device ns (forward), of an all-decode batch and of the
+        steps - 1 after it, each row one position further (runners with runs_in_bulk only)."""
+
+    def decode_tokens(self, batch: Batch, steps: int) -> np.ndarray:
+        """[steps, S] the tokens `sample` gives in those iterations (runners with runs_in_bulk only)."""

@@ -113,6 +113,8 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
                    help="torch runner: CPU threads (default 1: torch's default of one per core slows down many "
                         "times over when another process holds a core)")
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--overlap", action="store_true",
+                   help="schedule and prepare each iteration while the device runs the one before")
 
 
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
@@ -131,7 +133,7 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
                       num_kv_heads=args.kv_heads, intermediate_size=args.intermediate,
                       checkpoint=args.checkpoint, device=args.device, threads=args.threads)
     spec = RunSpec(scheduler=sched, runner=args.runner, num_blocks=args.num_blocks, block_size=args.block_size,
-                   swap_blocks=args.swap_blocks, seed=args.seed, model=model)
+                   swap_blocks=args.swap_blocks, seed=args.seed, model=model, overlap=args.overlap)
     if args.cost is not None:
         from itertrace.profiler.calibrate import load
 
@@ -261,8 +263,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     profiling = _torch_profile(args, spec)
     target, tmp = _fresh_dir(args.out)
     with _writing(target, tmp):
-        with profiling as tracer:
-            run(spec, reqs, run_dir=tmp, workload=_workload_params(args), progress=_Progress(len(reqs)), tracer=tracer)
+        with profiling as make_tracer:
+            run(spec, reqs, run_dir=tmp, workload=_workload_params(args), progress=_Progress(len(reqs)),
+                make_tracer=make_tracer)
         _publish(tmp, target)
     meta = json.loads((target / "run.json").read_text())
     if args.torch_profile is not None:
@@ -275,11 +278,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _torch_profile(args: argparse.Namespace, spec: RunSpec):
-    """The context a run goes in: torch.profiler's for --torch-profile DIR (the tracer it yields), else none."""
+    """The context a run goes in: torch.profiler's for --torch-profile DIR (it yields the tracer's class), else none."""
     if args.torch_profile is None:
         return contextlib.nullcontext()
     if spec.runner != "torch":
         raise UserError("--torch-profile needs --runner torch: a simulated run's times come from a cost model")
+    if spec.overlap:
+        raise UserError("--torch-profile does not take --overlap: overlapping steps are start/end ranges, which "
+                        "torch.profiler's nested ranges cannot stand for; profile an overlap run with nsys")
     folder = args.torch_profile.resolve()
     if args.out is not None and (args.out.resolve() == folder or args.out.resolve() in folder.parents):
         raise UserError(f"--torch-profile {args.torch_profile}: inside the run directory; give a folder outside it")
@@ -343,6 +349,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from itertrace.profiler.calibrate import calibrate, save
 
     spec = replace(spec_from_args(args), runner="torch")
+    if spec.overlap:
+        raise UserError("--overlap: calibrate times iterations run one after the other; leave it out")
     if args.out.is_dir():  # these before the minutes calibrating takes
         raise UserError(f"--out {args.out}: is a folder; --out names the cost-model file")
     if why := no_folder_for(args.out):

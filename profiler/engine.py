@@ -1,122 +1,70 @@
-"""The engine loop: schedule, prepare, forward, sample, detokenize, postprocess; each an NVTX range."""
+"""The engine loop: schedule, prepare, forward, sample, detokenize, postprocess; each an NVTX range.
+
+`Engine.steps` is the driver: it takes arrivals and scripted cancels in at each iteration boundary,
+waits when there is nothing to run, and hands each scheduled iteration to `iteration` (its phases, one
+after the other) or, where nothing but the decode rows runs for a while, to `_run_in_bulk` (a stretch
+of such iterations at once, with the same logs). `overlap.py` holds the loop that schedules one
+iteration ahead.
+"""
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Generator, Iterable
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from itertrace.profiler.batch import Batch, Runner
+from itertrace.profiler.batch import Runner
 from itertrace.profiler.gcquiet import no_full_collections
-from itertrace.profiler.nvtx_ranges import ADMIT, ARRIVE, FINISH, PhaseName, Tracer, nvtx_recorded
+from itertrace.profiler.intake import Intake, NoProgress
+from itertrace.profiler.nvtx_ranges import FINISH, PhaseName, StepTimes, Tracer, nvtx_recorded
+from itertrace.profiler.overlap import overlap_steps
+from itertrace.profiler.records import RequestTimes, RunRecord, RunResult
 from itertrace.profiler.request import Request
 from itertrace.profiler.runlog import RunLog
-from itertrace.profiler.scheduler import Decision, EventKind, Scheduler, TokenEvents
-from itertrace.profiler.tokenizer import IncrementalDetokenizer, decode
+from itertrace.profiler.scheduler import Decision, Scheduler
 
-NO_TIME = np.iinfo(np.int64).min  # no token yet
-
-
-def _within(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
-    """[len(values)] bool: each value is in `sorted_set` (sorted, unique)."""
-    if not len(sorted_set):
-        return np.zeros(len(values), dtype=bool)
-    at = np.minimum(sorted_set.searchsorted(values), len(sorted_set) - 1)
-    return sorted_set[at] == values
-
-
-def _output_text(token_ids: list[int]) -> str:
-    """`decode(token_ids)`, in one C call when every id is a byte (always, for the simulated runner)."""
-    try:
-        return bytes(token_ids).decode("utf-8", errors="replace")
-    except ValueError:  # an id outside 0..255 (a special token): decode drops it
-        return decode(token_ids)
-
-
-class _IdArray:
-    """Id lists and arrays as compact int64 arrays, converted once per distinct object.
-
-    The scheduler hands out the same member list and batch arrays for as long as they hold, so the
-    iteration rows waiting for their row group share one array each instead of a copy per row.
-    """
-
-    def __init__(self) -> None:
-        self._source: object = None
-        self._array = np.empty(0, dtype=np.int64)
-
-    def __call__(self, ids: list[int] | np.ndarray) -> np.ndarray:
-        if ids is not self._source and (len(ids) or len(self._array)):  # one empty array serves all empty lists
-            self._source, self._array = ids, np.array(ids, dtype=np.int64)
-        return self._array
-
-
-class NoProgress(RuntimeError):
-    """The scheduler holds work but can run none of it, and no arrival can change that."""
-
-
-@dataclass(slots=True)
-class RequestTimes:
-    """Per-request clock readings the summary needs (the run log holds the full story)."""
-
-    arrival_ns: int
-    intake_ns: int  # when the engine took it in (its arrive mark): at or after arrival_ns
-    first_token_ns: int | None = None
-    last_token_ns: int | None = None  # set when the run ends
-    finish_ns: int | None = None  # when it reached a terminal state
-    token_ns: list[int] = field(default_factory=list)  # filled only with keep_tokens
-    token_iterations: list[int] = field(default_factory=list)
-
-
-@dataclass
-class RunResult:
-    requests: list[Request]
-    times: dict[int, RequestTimes]
-    iterations: int
-    idle_slot_iterations: int  # capacity minus running sequences, summed over iterations
-    idle_finished: int  # of those, slots held by finished static members
-    idle_while_queued: int  # idle slot-iterations while requests were waiting
-    start_ns: int
-    end_ns: int
-    simulated: bool
-    membership: list[list[int]] = field(default_factory=list)  # member ids by iteration, when kept
-    fast_forwarded: int = 0  # iterations run at once with others (Engine._run_quiet)
+__all__ = ["Engine", "NoProgress", "RequestTimes", "RunResult"]
 
 
 class Engine:
-    """Runs a workload to completion through a scheduler and a runner, logging every iteration."""
+    """Runs a workload to completion through a scheduler and a runner, logging every iteration.
+
+    `bulk`: iterations that only run the decode rows go at once where the runner can (see
+    `_run_in_bulk`); `overlap`: the host schedules and prepares each iteration while the device runs
+    the one before (see overlap.py).
+    """
 
     def __init__(self, scheduler: Scheduler, runner: Runner, clock, *, log: RunLog | None = None,
                  tracer: Tracer | None = None, keep_membership: bool = False, keep_tokens: bool = False,
                  progress: Callable[[int, int], None] | None = None,
-                 on_iteration: Callable[[Decision, int, int], None] | None = None, fast_forward: bool = True) -> None:
+                 on_iteration: Callable[[Decision, int, int], None] | None = None, bulk: bool = True,
+                 overlap: bool = False) -> None:
         self.scheduler = scheduler
         self.runner = runner
-        scheduler.read_tokens = getattr(runner, "reads_tokens", True)
+        scheduler.read_tokens = runner.reads_tokens
         self.clock = clock
-        self.log = log
-        self.tracer = tracer or Tracer()
-        self.keep_membership = keep_membership
-        self.keep_tokens = keep_tokens
+        self.tracer = tracer or Tracer(clock)
+        self.record = RunRecord(scheduler, runner, self.tracer, log, keep_membership=keep_membership,
+                                keep_tokens=keep_tokens)
         self.progress = progress  # called with (iteration, requests arrived); it decides when to print
         # simulated iterations take microseconds: every thousandth will do; a model's, every one
         self._progress_every = 1000 if runner.simulated else 1
         self.on_iteration = on_iteration  # called with (decision, start_ns, end_ns) after each iteration
-        # quiet iterations run at once (_run_quiet): only where a runner can, nobody watches each
-        # iteration, and no tool records NVTX (each iteration keeps its step range under nsys)
-        self._fast_forward = (fast_forward and getattr(runner, "decode_tokens", None) is not None
-                              and on_iteration is None and not nvtx_recorded())
-        # A real engine streams each token's text to its client; the simulated runner has no client,
-        # so its text is decoded once, when the request row is written (the same text).
-        self._stream_text = not runner.simulated
-        self._detok: dict[int, IncrementalDetokenizer] = {}
-        self._text: dict[int, list[str]] = {}
-        self._times: dict[int, RequestTimes] = {}
-        self._ids = np.empty(0, dtype=np.int64)  # every request id, sorted: rows of _last_token_ns
-        self._dense_ids = False  # _ids is 0 .. n-1 (as workloads number requests): an id is its row
-        self._last_token_ns = np.empty(0, dtype=np.int64)
-        self._getting_tokens = np.empty(0, dtype=np.int64)  # sorted ids that got a token last iteration
-        self._member_ids, self._scheduled_ids, self._finished_ids = _IdArray(), _IdArray(), _IdArray()
+        if overlap and not runner.overlaps:
+            raise ValueError(f"runner {runner.name} cannot launch a forward pass and go on: no overlap mode")
+        self.overlap = overlap
+        # iterations run in bulk only where the runner can, nobody watches each iteration, no tool
+        # records NVTX (each iteration keeps its step range under nsys), and one loop runs at a time
+        self._bulk = (bulk and runner.runs_in_bulk and on_iteration is None and not nvtx_recorded()
+                      and not overlap)
+
+    @property
+    def log(self) -> RunLog | None:
+        """Where the run's logs go (None: nowhere); the record writes them."""
+        return self.record.log
+
+    @log.setter
+    def log(self, log: RunLog | None) -> None:
+        self.record.log = log
 
     def run(self, requests: Iterable[Request]) -> RunResult:
         """Run the requests until every one reaches a terminal state."""
@@ -133,140 +81,152 @@ class Engine:
 
         `run` drives it to the end; session.run_in_turn drives several at once, a pass each in turn.
         """
-        pending = sorted(requests, key=lambda r: (r.arrival_ns, r.request_id))
-        cancels: dict[int, list[int]] = {}
-        for req in pending:
-            if req.cancel_at_iteration is not None:
-                cancels.setdefault(req.cancel_at_iteration, []).append(req.request_id)
-        cancel_iterations = sorted(cancels)
-        arrivals = [r.arrival_ns for r in pending]
-        self._ids = np.sort(np.fromiter((r.request_id for r in pending), dtype=np.int64, count=len(pending)))
-        self._dense_ids = np.array_equal(self._ids, np.arange(len(pending)))
-        self._last_token_ns = np.full(len(pending), NO_TIME, dtype=np.int64)
-        sched, clock, tracer = self.scheduler, self.clock, self.tracer
-        next_arrival, iteration, idle_runs = 0, 0, 0
-        result = RunResult(pending, self._times, 0, 0, 0, 0, clock.now_ns(), 0, bool(self.runner.simulated))
-        while next_arrival < len(pending) or sched.has_work():
+        if self.overlap:
+            return (yield from overlap_steps(self, requests))
+        intake = Intake(requests)
+        sched, clock = self.scheduler, self.clock
+        result = self.record.begin(intake.requests, clock.now_ns())
+        iteration, idle_runs = 0, 0
+        while intake.more or sched.has_work():
             yield
-            now = clock.now_ns()
-            upto = bisect.bisect_right(arrivals, now, lo=next_arrival)
-            for req in pending[next_arrival:upto]:
-                self._times[req.request_id] = RequestTimes(req.arrival_ns, clock.now_ns())
-                tracer.mark(ARRIVE, req.request_id)
-                sched.add(req, iteration)
-            next_arrival = upto
-            for rid in cancels.pop(iteration, ()):
-                sched.cancel(rid, iteration)
-            self._flush_events(now, now)
+            self.take_in(intake, iteration)
             if not sched.has_work():
-                if next_arrival < len(pending):
-                    clock.sleep_until(pending[next_arrival].arrival_ns)
+                self.wait_for_arrival(intake)
                 continue
-
-            start = clock.now_ns()
-            tracer.push_step(iteration)
-            with tracer.phase(PhaseName.SCHEDULE):
+            times = self.tracer.start_step(iteration)
+            with self.tracer.phase(PhaseName.SCHEDULE, times):
                 decision = sched.schedule(iteration)
-                self._mark_admissions()
-            t_sched = clock.now_ns()
-            queued = len(sched.waiting)
-            preempted = sched.waiting.num_preempted
+                self.record.mark_admissions()
+            queued, preempted = len(sched.waiting), sched.waiting.num_preempted
             if not decision.work:  # nothing runnable: an iteration with no forward pass, logged as such
-                self._mark_tokens(iteration, self._getting_tokens[:0])
-                tracer.pop()
-                self._flush_events(start, t_sched)
-                if self.log is not None:
-                    self.log.iteration(self._iteration_row(decision, start, t_sched, (t_sched,) * 5, queued, preempted))
+                self.idle_swaps(decision, times)
+                self.record.no_tokens(iteration)
+                self.tracer.end_step()
+                self.log_idle(decision, times, queued, preempted)
                 iteration += 1
                 idle_runs += 1
-                if next_arrival < len(pending):
-                    clock.sleep_until(pending[next_arrival].arrival_ns)
+                if intake.more:
+                    self.wait_for_arrival(intake)
                 elif idle_runs > 1:
                     raise NoProgress(f"iteration {iteration}: {len(sched.waiting)} waiting, "
                                      f"{len(sched.running)} running, nothing schedulable ({decision.limit.value})")
                 continue
             idle_runs = 0
-            if self._fast_forward:
-                at = bisect.bisect_right(cancel_iterations, iteration)
-                ran = self._run_quiet(decision, iteration, start, queued, preempted, result,
-                                      pending[next_arrival].arrival_ns if next_arrival < len(pending) else None,
-                                      cancel_iterations[at] if at < len(cancel_iterations) else None)
-                if ran:
-                    tracer.pop()
-                    iteration += ran
-                    if self.progress is not None:  # as if one by one
-                        every = self._progress_every
-                        for passed in range((iteration - ran) // every + 1, iteration // every + 1):
-                            self.progress(passed * every, next_arrival)
-                    continue
-            with tracer.phase(PhaseName.PREPARE):
-                if decision.swap.swap_out or decision.swap.swap_in:
-                    self.runner.swap(decision.swap)
-                prepared = self.runner.prepare(decision.batch)
-            t_prep = clock.now_ns()
-            with tracer.phase(PhaseName.FORWARD):
-                logits = self.runner.forward(prepared)
-            t_fwd = clock.now_ns()
-            with tracer.phase(PhaseName.SAMPLE):
-                tokens = self.runner.sample(decision.batch, logits)
-            t_samp = clock.now_ns()
-            with tracer.phase(PhaseName.DETOKENIZE):
-                if self._stream_text:
-                    self._detokenize(decision.batch, tokens)
-            t_detok = clock.now_ns()
-            with tracer.phase(PhaseName.POSTPROCESS):
-                for req in sched.postprocess(decision, tokens, iteration):
-                    tracer.mark(FINISH, req.request_id)  # inside its step: it finished this iteration
-                batch = decision.batch
-                self._mark_tokens(iteration, np.sort(batch.sampled_ids))
-            end = clock.now_ns()
-            tracer.pop()
+            ran = self._run_in_bulk(decision, times, queued, preempted, result, intake) if self._bulk else 0
+            if ran:
+                self.tracer.end_step()
+            else:
+                times = self.iteration(decision, times)
+                self.tracer.end_step()
+                end, phases_ns = times.back_to_back()
+                self.finish_iteration(decision, times.start_ns, end, phases_ns, times.device_span(), queued,
+                                      preempted, result)
+                ran = 1
+            iteration += ran
+            if self.progress is not None:
+                self.report_progress(iteration, ran, intake.taken)
+        return self.record.end(result, iteration, clock.now_ns())
 
-            self._flush_events(start, end)
-            self._tally(result, decision, queued, 1)
-            if self.on_iteration is not None:
-                self.on_iteration(decision, start, end)
-            if self.log is not None:
-                marks = (t_sched, t_prep, t_fwd, t_samp, t_detok)
-                self.log.iteration(self._iteration_row(decision, start, end, marks, queued, preempted))
-            iteration += 1
-            if self.progress is not None and iteration % self._progress_every == 0:
-                self.progress(iteration, next_arrival)
-        result.iterations = iteration
-        result.end_ns = clock.now_ns()
-        for rid, last in zip(self._ids.tolist(), self._last_token_ns.tolist()):
-            if last != NO_TIME:
-                self._times[rid].last_token_ns = last
-        if self.log is not None:
-            for req in pending:
-                self.log.request(self._request_row(req))
-        return result
+    # ---- around an iteration -------------------------------------------------------------------------
+    def take_in(self, intake: Intake, iteration: int) -> None:
+        """At an iteration boundary: the requests arrived by now join, the scripted cancels happen."""
+        now = self.clock.now_ns()
+        if not intake.due(now, iteration):  # most boundaries: nothing to do
+            return
+        for req in intake.arrived(now):
+            self.record.take_in(req, self.clock.now_ns())
+            self.scheduler.add(req, iteration)
+        for rid in intake.cancels(iteration):
+            self.scheduler.cancel(rid, iteration)
+        self.record.flush_events(now, now)
 
-    def _run_quiet(self, d: Decision, iteration: int, start: int, queued: int, preempted: int, result: RunResult,
-                   next_arrival_ns: int | None, next_cancel: int | None) -> int:
-        """Run this iteration (`d`, just scheduled) and the ones after it at once, when they are quiet.
+    def wait_for_arrival(self, intake: Intake) -> None:
+        if intake.more:
+            self.clock.sleep_until(intake.next_arrival_ns())
 
-        Quiet iterations (Scheduler.quiet_rows) run only the decode rows and differ only in positions,
+    def idle_swaps(self, decision: Decision, times: StepTimes) -> None:
+        """The swaps of an iteration that runs nothing (all that was runnable yielded its blocks): they are made
+        all the same, in its prepare phase, so that a swapped-out request's blocks are in the swap pool when it
+        is swapped back in."""
+        if decision.swap.swap_out or decision.swap.swap_in:
+            with self.tracer.phase(PhaseName.PREPARE, times):
+                self.runner.swap(decision.swap)
+
+    def log_idle(self, decision: Decision, times: StepTimes, queued: int, preempted: int) -> None:
+        """The row of an iteration with no forward pass: its schedule phase alone."""
+        end, phases_ns = times.back_to_back()
+        self.record.flush_events(times.start_ns, end)
+        log = self.record.log
+        if log is not None:
+            log.iteration(self.record.iteration_row(decision, times.start_ns, end, phases_ns, queued, preempted,
+                                                         None))
+
+    def finish_iteration(self, decision: Decision, start: int, end: int, phases_ns: tuple[int, ...],
+                         device: tuple[int, int], queued: int, preempted: int, result: RunResult) -> None:
+        """Stamp the iteration's events, count it, tell on_iteration, write its row."""
+        self.record.flush_events(start, end)
+        self.record.tally(result, decision, queued, 1)
+        if self.on_iteration is not None:
+            self.on_iteration(decision, start, end)
+        log = self.record.log  # (the log property, read once)
+        if log is not None:
+            log.iteration(self.record.iteration_row(decision, start, end, phases_ns, queued, preempted, device))
+
+    def report_progress(self, iteration: int, ran: int, arrived: int) -> None:
+        """Progress at every multiple of _progress_every that the last `ran` iterations passed."""
+        every = self._progress_every
+        for passed in range((iteration - ran) // every + 1, iteration // every + 1):
+            self.progress(passed * every, arrived)
+
+    # ---- one iteration ----------------------------------------------------------------------------------
+    def iteration(self, decision: Decision, times: StepTimes) -> StepTimes:
+        """The phases after schedule, one after the other: prepare, forward, sample, detokenize, postprocess."""
+        tracer, runner, batch = self.tracer, self.runner, decision.batch
+        with tracer.phase(PhaseName.PREPARE, times):
+            if decision.swap.swap_out or decision.swap.swap_in:
+                runner.swap(decision.swap)
+            prepared = runner.prepare(batch)
+        with tracer.phase(PhaseName.FORWARD, times):
+            logits = runner.forward(prepared)
+        with tracer.phase(PhaseName.SAMPLE, times):
+            tokens = runner.sample(batch, logits)
+        with tracer.phase(PhaseName.DETOKENIZE, times):
+            if self.record.streams_text:
+                self.record.detokenize(batch.sampled_ids, tokens)
+        with tracer.phase(PhaseName.POSTPROCESS, times):
+            for req in self.scheduler.postprocess(decision, tokens, decision.iteration):
+                tracer.mark(FINISH, req.request_id)  # inside its step: it finished this iteration
+            self.record.mark_tokens(decision.iteration, np.sort(batch.sampled_ids))
+        return times
+
+    def _run_in_bulk(self, d: Decision, times: StepTimes, queued: int, preempted: int, result: RunResult,
+                     intake: Intake) -> int:
+        """Run this iteration (`d`, just scheduled) and the ones after it at once, where they can run in bulk.
+
+        Such iterations (Scheduler.bulk_rows) run only the decode rows and differ only in positions,
         tokens, times and KV blocks, so the runner gives their times and tokens as arrays, the scheduler
         commits them in one go and their log rows go out as columns: the same rows, events and request
-        state as a pass of the loop each (tests/test_fast_forward.py compares the two). It stops short
-        of the iteration where a row finishes or may stop, a request arrives or is canceled, or the KV
-        pool runs short: that one runs as usual. Returns how many iterations it ran (0: none; then
-        this one runs as usual).
+        state as a pass of the loop each (tests/test_bulk.py compares the two). It stops short of the
+        iteration where a row finishes or may stop, a request arrives or is canceled, or the KV pool
+        runs short: that one runs as usual. Returns how many iterations it ran (0: none; then this one
+        runs as usual).
         """
-        sched = self.scheduler
-        rows = sched.quiet_rows(d)
+        sched, iteration, start = self.scheduler, d.iteration, times.start_ns
+        rows = sched.bulk_rows(d)
         if rows is None:
             return 0
         steps = rows.steps_to_finish()
+        next_cancel = intake.next_cancel(iteration)
         if next_cancel is not None:
             steps = min(steps, next_cancel - iteration)
         if steps <= 0:
             return 0
         batch = d.batch
-        dur = self.runner.decode_times(batch, steps)
+        host_ns, device_ns = self.runner.decode_times(batch, steps)
+        dur = host_ns + device_ns
         ends = start + np.cumsum(dur)
         starts = ends - dur
+        next_arrival_ns = intake.next_arrival_ns()
         if next_arrival_ns is not None:  # an arrival joins the first iteration that starts at or after it
             steps = min(steps, int(starts.searchsorted(next_arrival_ns)))
         tokens = self.runner.decode_tokens(batch, steps)
@@ -279,151 +239,24 @@ class Engine:
             return 0
         taken = int(block_steps.searchsorted(steps))
         block_steps, block_rows = block_steps[:taken], block_rows[:taken]
-        tokens, dur, starts, ends = tokens[:steps], dur[:steps], starts[:steps], ends[:steps]
+        tokens, dur, device_ns, starts, ends = tokens[:steps], dur[:steps], device_ns[:steps], starts[:steps], ends[:steps]
         allocated = np.bincount(block_steps, minlength=steps)
         in_use = sched.blocks.device.num_used + np.cumsum(allocated)
         allocated[0] = sched.blocks.allocated_this_iteration
         row = None
-        if self.log is not None:  # before run_quiet moves the rows on: this iteration's row, as a template
-            row = self._iteration_row(d, start, start, (start,) * 5, queued, preempted)
-        sched.run_quiet(rows, tokens, block_steps, block_rows)
+        log = self.record.log
+        if log is not None:  # before commit_bulk moves the rows on: this iteration's row, as a template
+            row = self.record.iteration_row(d, start, start, (0,) * 6, queued, preempted, None)
+        sched.commit_bulk(rows, tokens, block_steps, block_rows)
         self.clock.advance(int(ends[-1]) - start)
 
         ids, numbers = batch.request_ids, np.arange(iteration, iteration + steps, dtype=np.int64)
-        self._mark_tokens(iteration, np.sort(ids))
-        self._set_last_token(ids, ends[-1])
-        if self.keep_tokens:
-            end_ns, iterations = ends.tolist(), numbers.tolist()
-            for rid in ids.tolist():
-                self._times[rid].token_ns.extend(end_ns)
-                self._times[rid].token_iterations.extend(iterations)
-        self._tally(result, d, queued, steps)
+        self.record.mark_tokens(iteration, np.sort(ids))
+        self.record.tokens_in_bulk(ids, numbers, ends)
+        self.record.tally(result, d, queued, steps)
         if row is not None:
-            self.log.token_steps(ids, numbers, ends)
-            self.log.iterations(row | {  # the rest as in this iteration's row (kv_freed: 0 in a quiet one)
-                "iteration": numbers, "start_ns": starts, "end_ns": ends, "dur_ns": dur, "schedule_ns": 0,
-                "prepare_ns": 0, "forward_ns": dur, "sample_ns": 0, "detokenize_ns": 0, "postprocess_ns": 0,
-                "kv_allocated": allocated, "kv_in_use": in_use}, steps)
-        result.fast_forwarded += steps
+            log.iterations(row | {  # the rest as in this iteration's row (kv_freed: 0 in such a stretch)
+                "iteration": numbers, "start_ns": starts, "end_ns": ends, "dur_ns": dur, "prepare_ns": host_ns,
+                "forward_ns": device_ns, "device_start_ns": starts + host_ns, "device_end_ns": ends, "kv_allocated": allocated, "kv_in_use": in_use}, steps)
+        result.iterations_in_bulk += steps
         return steps
-
-    def _tally(self, result: RunResult, d: Decision, queued: int, steps: int) -> None:
-        """Count `steps` iterations like `d`'s: idle slots (held by finished members, left while requests
-        queued) and, when kept, membership."""
-        idle = self.scheduler.config.max_num_seqs - d.batch.num_seqs
-        result.idle_slot_iterations += steps * idle
-        result.idle_finished += steps * len(d.finished_member_ids)
-        if queued:
-            result.idle_while_queued += steps * idle
-        if self.keep_membership:
-            result.membership.extend([d.member_ids] * steps)
-
-    def _mark_admissions(self) -> None:
-        """An `admit` mark for each request scheduled for the first time (inside this step)."""
-        for ev in self.scheduler.events:
-            if ev.kind is EventKind.ADMIT:
-                self.tracer.mark(ADMIT, ev.request_id)
-
-    def _mark_tokens(self, iteration: int, getting: np.ndarray) -> None:
-        """A `tokens` mark when the set of requests that got a token differs from the last iteration's."""
-        previous = self._getting_tokens
-        if len(getting) != len(previous) or not (getting == previous).all():
-            self.tracer.tokens(iteration, getting[~_within(getting, previous)].tolist(),
-                               previous[~_within(previous, getting)].tolist())
-            self._getting_tokens = getting
-
-    def _detokenize(self, batch: Batch, tokens: np.ndarray) -> None:
-        for rid, token in zip(batch.sampled_ids.tolist(), tokens.tolist()):
-            detok = self._detok.get(rid)
-            if detok is None:
-                detok = self._detok[rid] = IncrementalDetokenizer()
-                self._text[rid] = []
-            self._text[rid].append(detok.push(token))
-
-    def _end(self, request_id: int) -> None:
-        """A request reached a terminal state: drop its sampler state, finish its text."""
-        self.runner.release(request_id)
-        detok = self._detok.pop(request_id, None)
-        if detok is not None:
-            self._text[request_id].append(detok.flush())
-
-    def _flush_events(self, start_ns: int, end_ns: int) -> None:
-        """Stamp the scheduler's events: tokens and finishes at the iteration's end, the rest at its start.
-
-        An arrive event gets the time the engine took the request in, read just before its NVTX mark,
-        which is at or after the workload's arrival time (run_requests.arrival_ns).
-        """
-        for ev in self.scheduler.events:
-            if type(ev) is TokenEvents:
-                self._stamp_tokens(ev, end_ns)
-                continue
-            ts = end_ns if ev.kind is EventKind.FINISH else start_ns
-            times = self._times[ev.request_id]
-            if ev.kind is EventKind.ARRIVE:
-                ts = times.intake_ns
-            elif ev.kind in (EventKind.FINISH, EventKind.CANCEL, EventKind.REJECT):
-                times.finish_ns = ts
-                if ev.kind is not EventKind.FINISH:  # finishes are marked inside their step
-                    self.tracer.mark(FINISH, ev.request_id)
-                self._end(ev.request_id)
-            if self.log is not None:
-                self.log.event(ev.request_id, ev.iteration, ts, ev.kind.value,
-                               ev.reason.value if ev.reason is not None else None, ev.tokens)
-        self.scheduler.events.clear()
-
-    def _stamp_tokens(self, ev: TokenEvents, ts: int) -> None:
-        """Token events, all at the iteration's end: first-token times, last-token times, the log rows."""
-        ids = ev.request_ids
-        for rid in ids[ev.first].tolist():
-            times = self._times[rid]
-            if times.first_token_ns is None:
-                times.first_token_ns = ts
-        self._set_last_token(ids, ts)
-        if self.keep_tokens:
-            for rid in ids.tolist():
-                times = self._times[rid]
-                times.token_ns.append(ts)
-                times.token_iterations.append(ev.iteration)
-        if self.log is not None:
-            self.log.token_events(ids, ev.iteration, ts, ev.first)
-
-    def _set_last_token(self, ids: np.ndarray, ts: int) -> None:
-        self._last_token_ns[ids if self._dense_ids else self._ids.searchsorted(ids)] = ts
-
-    def _iteration_row(self, d: Decision, start: int, end: int, marks: tuple[int, ...], queued: int,
-                       preempted: int) -> dict:
-        """One iteration-log row; queue counts are as the scheduler left them."""
-        sched = self.scheduler
-        t_sched, t_prep, t_fwd, t_samp, t_detok = marks
-        used = sched.blocks.device.num_used
-        return {
-            "iteration": d.iteration, "start_ns": start, "end_ns": end, "dur_ns": end - start,
-            "schedule_ns": t_sched - start, "prepare_ns": t_prep - t_sched, "forward_ns": t_fwd - t_prep,
-            "sample_ns": t_samp - t_fwd, "detokenize_ns": t_detok - t_samp, "postprocess_ns": end - t_detok,
-            "member_ids": self._member_ids(d.member_ids), "scheduled_ids": self._scheduled_ids(d.batch.request_ids),
-            "finished_member_ids": self._finished_ids(d.finished_member_ids), "num_seqs": len(d.work),
-            "prefill_tokens": d.prefill_tokens, "decode_tokens": d.decode_tokens,
-            "slots_finished": len(d.finished_member_ids), "slots_stalled": len(d.stalled_member_ids),
-            "slots_empty": sched.config.max_num_seqs - len(d.member_ids),
-            "token_budget": sched.config.max_num_batched_tokens, "seq_budget": sched.config.max_num_seqs,
-            "policy": sched.config.policy.value, "limit": d.limit.value,
-            "admitted": d.admitted, "resumed": d.resumed, "preempted": d.preempted, "rejected": d.rejected,
-            "kv_allocated": sched.blocks.allocated_this_iteration, "kv_freed": sched.blocks.freed_this_iteration,
-            "kv_in_use": used, "num_waiting": queued - preempted, "num_preempted": preempted,
-            "simulated": bool(self.runner.simulated),
-        }
-
-    def _request_row(self, req: Request) -> dict:
-        times = self._times.get(req.request_id)
-        return {
-            "request_id": req.request_id, "arrival_ns": req.arrival_ns, "prompt_tokens": len(req.prompt_ids),
-            "output_tokens": len(req.output_ids), "max_tokens": req.sampling.max_tokens,
-            "priority": req.priority, "tenant": req.tenant, "deadline_ns": req.deadline_ns,
-            "final_state": req.phase.value, "stop_reason": req.stop_reason.value if req.stop_reason else None,
-            "first_scheduled_iteration": req.first_scheduled_iteration, "num_preemptions": req.num_preemptions,
-            "first_token_ns": times.first_token_ns if times else None,
-            "finish_ns": times.finish_ns if times else None,
-            "text": "".join(self._text.get(req.request_id, ())) if self._stream_text else _output_text(req.output_ids),
-            "simulated": bool(self.runner.simulated),
-        }
-

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from collections import deque
 
+import numpy as np
+
 from itertrace.profiler.request import Request
 
 
@@ -70,6 +72,9 @@ class BlockManager:
         self.swap = BlockPool(swap_blocks)
         self.allocated_this_iteration = 0
         self.freed_this_iteration = 0
+        # overlap mode, per iteration the device has not finished (oldest first): its requests, and the blocks
+        # freed from them meanwhile (owner, blocks)
+        self._holds: list[tuple[set[int], list[tuple[int, list[int]]]]] = []
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -104,15 +109,38 @@ class BlockManager:
             req.block_ids.extend(self.device.take(req.request_id, need))
             self.allocated_this_iteration += need
 
-    def free(self, req: Request) -> None:
-        """Release every device block and swap slot the request holds."""
+    def free(self, req: Request, *, at_once: bool = False) -> None:
+        """Release every device block and swap slot the request holds. The blocks of a request the device is
+        still reading (`hold`) go back only when it is done (`release_held`), unless `at_once`."""
         if req.block_ids:
-            self.device.give_back(req.request_id, req.block_ids)
-            self.freed_this_iteration += len(req.block_ids)
+            pending = None if at_once else next(
+                (freed for held, freed in reversed(self._holds) if req.request_id in held), None)
+            if pending is not None:  # until the last iteration that reads them is done
+                pending.append((req.request_id, req.block_ids))
+            else:
+                self.device.give_back(req.request_id, req.block_ids)
+                self.freed_this_iteration += len(req.block_ids)
             req.block_ids = []
         if req.swap_slots:
             self.swap.give_back(req.request_id, req.swap_slots)
             req.swap_slots = []
+
+    def hold(self, request_ids: np.ndarray) -> None:
+        """Overlap mode: an iteration of these requests goes to the device. A block freed from one of them
+        (but at_once) stays taken until the last such iteration is done (`release_held`), so that no other
+        request gets it while the device may still read it."""
+        self._holds.append((set(request_ids.tolist()), []))
+
+    def release_held(self) -> None:
+        """The device finished the oldest held iteration: the blocks waiting for it go back."""
+        _, pending = self._holds.pop(0)
+        for owner, blocks in pending:
+            self.device.give_back(owner, blocks)
+            self.freed_this_iteration += len(blocks)
+
+    def pending(self) -> dict[int, int]:
+        """Block id -> request id of the blocks freed while the device may still read them (invariant checks)."""
+        return {b: owner for _, freed in self._holds for owner, blocks in freed for b in blocks}
 
     def swap_out(self, req: Request) -> list[tuple[int, int]]:
         """Move the request's blocks to swap slots; returns (device block, swap slot) copies to make."""

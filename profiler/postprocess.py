@@ -71,6 +71,58 @@ def commit_tokens(decision: Decision, tokens: np.ndarray, iteration: int, rows: 
     return finished
 
 
+def commit_sampled(decision: Decision, tokens: np.ndarray, events: list[Event | TokenEvents], finish: Finish,
+                   restate: Finish, announce: Callable[[Request], None]) -> tuple[list[Request], np.ndarray]:
+    """Overlap mode: the sampled tokens of an iteration committed ahead (commit_tokens with placeholders)
+    go in at last, each into its place in its request's output (the row's num_generated). Returns the
+    requests that finished and [sampled] bool: the rows whose token counts.
+
+    A row drops its token (never emitted, never counted, its placeholder gone) when its request was
+    canceled, or ended in an earlier iteration: it was scheduled here before that was known. A stop
+    token finishes its request here (`finish`; one already finished on max_tokens, here or in the
+    iteration committed ahead after this one, is finished here on the stop token instead: `restate`),
+    and the placeholders after it go. A request finished on max_tokens in this iteration is announced
+    (`announce`) after its last token. Token events go out as in commit_tokens.
+    """
+    batch, iteration = decision.batch, decision.iteration
+    ids = batch.sampled_ids
+    generated = batch.num_generated[batch.sample]
+    first = generated == 0
+    sampled = [r for (r, _), s in zip(decision.work, batch.sample.tolist()) if s]
+    kept = np.ones(len(ids), dtype=bool)
+    finished, emitted = [], 0
+    for j, (req, token, g) in enumerate(zip(sampled, tokens.tolist(), generated.tolist())):
+        ended = req.phase.terminal and (req.phase is Phase.CANCELED or req.transitions[-1].iteration < iteration)
+        if ended:
+            del req.output_ids[g:]
+            kept[j] = False
+            continue
+        req.output_ids[g] = token
+        if token in req.sampling.stop_token_ids and not req.sampling.ignore_eos:
+            del req.output_ids[g + 1:]
+            emitted = _kept_events(events, ids, first, kept, emitted, j + 1, iteration)
+            (restate if req.phase.terminal else finish)(req, Phase.FINISHED_STOP, Reason.STOP_TOKEN, iteration)
+            finished.append(req)
+        elif req.phase.terminal and req.transitions[-1].iteration == iteration:  # on max_tokens, here
+            emitted = _kept_events(events, ids, first, kept, emitted, j + 1, iteration)
+            announce(req)
+            finished.append(req)
+    _kept_events(events, ids, first, kept, emitted, len(ids), iteration)
+    return finished, kept
+
+
+def _kept_events(events: list[Event | TokenEvents], ids: np.ndarray, first: np.ndarray, kept: np.ndarray, start: int,
+                 stop: int, iteration: int) -> int:
+    """Emit the token events of the kept rows among sampled rows [start, stop); returns stop."""
+    if stop > start:
+        keep = kept[start:stop]
+        if keep.all():
+            events.append(TokenEvents(iteration, ids[start:stop], first[start:stop]))
+        elif keep.any():
+            events.append(TokenEvents(iteration, ids[start:stop][keep], first[start:stop][keep]))
+    return stop
+
+
 def commit_decode_steps(rows: DecodeRows, tokens: np.ndarray) -> None:
     """Commit several iterations of the decode rows at once (`tokens`: [steps, D]), none of which ends a
     row: what `commit_tokens` does to the rows and their requests, iteration by iteration."""

@@ -57,6 +57,9 @@ ITERATIONS = pa.schema([
     ("num_waiting", pa.int64()),  # queued, never run
     ("num_preempted", pa.int64()),  # preempted, waiting to resume
     ("simulated", pa.bool_()),
+    ("device_start_ns", pa.int64()),  # the forward pass's start on the run's clock; NULL without one
+    ("device_end_ns", pa.int64()),
+    ("dropped_tokens", pa.int64()),  # overlap mode: tokens computed for requests that had ended, dropped
 ])
 
 EVENTS = pa.schema([
@@ -244,7 +247,7 @@ def _mixed_table(parts: list[list[tuple] | tuple[dict, int]], schema: pa.Schema)
                                      counts)
         else:
             from_columns = np.concatenate([v if a else np.full(n, v) for v, a, n in zip(values, arrayed, counts)])
-        if pa.types.is_integer(f.type):
+        if pa.types.is_integer(f.type) and None not in row_columns[i]:
             column = np.empty(len(at_rows) + len(at_columns), dtype=np.int64)
         else:
             column = np.empty(len(at_rows) + len(at_columns), dtype=object)

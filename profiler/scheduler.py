@@ -14,11 +14,21 @@ decode pass runs on them at once: the same outcome as taking them one by one, wi
 for the rows that need a block, yield one, join or leave. Every decode fits the token budget: a
 request becomes a decode only after a prefill chunk that took its share of the budget.
 
+Static and continuous batching share this one class. They differ in four small places: how the
+batch fills (`_form_static_batch`, `_admit`), what a finish releases (a continuous request's slot and
+blocks at once, a static member's only with its whole batch), where a preempted request waits (the
+queue, or its static batch), and which members count as finished. Everything else is shared: the
+queue, the passes, the decode rows, preemption, admission, iterations in bulk. Two subclasses would
+each override those places with a line or two and split the one pass both run across a base class;
+one class with four `mode` branches reads straight through.
+
 This module holds the scheduler's state, its calls and the passes of each iteration. Beside it:
 `budget` (the token budget), `admission` (a request's KV on starting, preemption, rejection),
 `preemption` (who yields), `batch_builder` (the batch's arrays) and `postprocess` (sampled tokens).
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
@@ -29,7 +39,7 @@ from itertrace.profiler.budget import Budget, prefill_room
 from itertrace.profiler.decision import Decision, Event, EventKind, Limit, Mode, SchedulerConfig, TokenEvents
 from itertrace.profiler.kv import BlockManager
 from itertrace.profiler.policies import WaitQueue, sort_key
-from itertrace.profiler.postprocess import commit_decode_steps, commit_tokens
+from itertrace.profiler.postprocess import commit_decode_steps, commit_sampled, commit_tokens
 from itertrace.profiler.preemption import make_room, victim
 from itertrace.profiler.request import Phase, PreemptKind, Reason, Request
 
@@ -257,8 +267,8 @@ class Scheduler:
         n_rows, self._rows_run = self._rows_run, 0
         return commit_tokens(decision, tokens, iteration, self._rows, n_rows, self.events, self._finish)
 
-    # ---- quiet iterations, all at once -------------------------------------------------------------
-    def quiet_rows(self, decision: Decision) -> DecodeRows | None:
+    # ---- iterations in bulk ------------------------------------------------------------------------
+    def bulk_rows(self, decision: Decision) -> DecodeRows | None:
         """The decode rows, when `decision` (just scheduled, not yet run) runs them and nothing else; None
         otherwise.
 
@@ -278,9 +288,9 @@ class Scheduler:
             return None
         return rows
 
-    def run_quiet(self, rows: DecodeRows, tokens: np.ndarray, block_steps: np.ndarray,
-                  block_rows: np.ndarray) -> None:
-        """Commit len(tokens) quiet iterations of `rows` at once (see quiet_rows): their tokens
+    def commit_bulk(self, rows: DecodeRows, tokens: np.ndarray, block_steps: np.ndarray,
+                    block_rows: np.ndarray) -> None:
+        """Commit len(tokens) iterations of `rows` at once (see bulk_rows): their tokens
         ([steps, D]) and their new KV blocks (`DecodeRows.blocks_ahead`, which the pool has)."""
         if len(block_rows):
             rows.grow_ahead(block_steps, block_rows, self.blocks)
@@ -290,13 +300,57 @@ class Scheduler:
         commit_decode_steps(rows, tokens)
         self._rows_run = 0  # as postprocess leaves it
 
-    def _finish(self, req: Request, phase: Phase, reason: Reason, iteration: int) -> None:
+    # ---- overlap mode: an iteration committed ahead of its tokens ---------------------------------------
+    def commit_ahead(self, decision: Decision) -> None:
+        """Overlap mode: commit an iteration just scheduled as if its tokens were in, each a placeholder
+        (-1 - j for the j-th sampled row, which the next batch's inputs carry until the runner puts the token
+        in), so that the next iteration can be scheduled while this one runs; and hold its requests'
+        blocks (BlockManager.hold) until the device is done with it. A request reaching max_tokens finishes
+        here, announced when its last token comes; a stop token can only be seen then (commit_sampled).
+        """
+        self.blocks.hold(decision.batch.request_ids)
+        n_rows, self._rows_run = self._rows_run, 0
+        placeholders = -1 - np.arange(len(decision.batch.sampled_ids), dtype=np.int64)
+        finish = lambda *finishing: self._finish(*finishing, announce=False)  # noqa: E731
+        commit_tokens(decision, placeholders, decision.iteration, self._rows, n_rows, [], finish)
+
+    def commit_sampled(self, decision: Decision, tokens: np.ndarray) -> tuple[list[Request], np.ndarray]:
+        """Overlap mode: the tokens of an iteration committed ahead (see postprocess.commit_sampled). Returns the
+        requests that finished and [sampled] bool: the rows whose token counts."""
+        ids = decision.batch.sampled_ids
+        if len(tokens) != len(ids):
+            raise ValueError(f"iteration {decision.iteration}: {len(tokens)} tokens for {len(ids)} sampled sequences")
+        return commit_sampled(decision, tokens, self.events, self._finish_late, self._restate_finish,
+                              self._announce_finish)
+
+    def _finish_late(self, req: Request, phase: Phase, reason: Reason, iteration: int) -> None:
+        """A stop token seen after later iterations were scheduled: the request's row (if any) leaves when the
+        rows are rebuilt, and its blocks when the device is done with them (BlockManager.hold)."""
+        self._rows = None
+        self._finish(req, phase, reason, iteration)
+
+    def _restate_finish(self, req: Request, phase: Phase, reason: Reason, iteration: int) -> None:
+        """A request finished on max_tokens ahead of a token that is a stop token: it finished on that token."""
+        req.transitions[-1] = replace(req.transitions[-1], iteration=iteration, dst=phase, reason=reason)
+        req.phase, req.stop_reason = phase, reason
+        self._announce_finish(req)
+
+    def _announce_finish(self, req: Request) -> None:
+        """The FINISH event of a request finished ahead of its last token, which is in now."""
+        self.events.append(Event(req.request_id, req.transitions[-1].iteration, EventKind.FINISH, req.stop_reason))
+
+    def _finish(self, req: Request, phase: Phase, reason: Reason, iteration: int, announce: bool = True) -> None:
+        queued = req.phase is Phase.PREEMPTED and self.config.mode is Mode.CONTINUOUS  # overlap: see commit_sampled
         req.move(phase, reason, iteration)
         self._admission.release(req.request_id)
-        self.events.append(Event(req.request_id, iteration, EventKind.FINISH, reason))
+        if announce:
+            self.events.append(Event(req.request_id, iteration, EventKind.FINISH, reason))
         if self.config.mode is Mode.CONTINUOUS:
             self.blocks.free(req)
-            self._leave(req)
+            if queued:
+                self.waiting.remove(req)
+            else:
+                self._leave(req)
         else:  # static members keep their slot and blocks until the whole batch is done
             self._end_static_batch_if_done()
 

@@ -45,6 +45,7 @@ class RunSpec:
     seed: int = 0
     model: ModelSpec = field(default_factory=ModelSpec)
     cost: CostModel = field(default_factory=CostModel)
+    overlap: bool = False  # schedule and prepare each iteration while the device runs the one before (overlap.py)
 
 
 def make_runner(spec: RunSpec):
@@ -93,11 +94,13 @@ def make_runner(spec: RunSpec):
 
 def run(spec: RunSpec, requests: list[Request], *, run_dir: Path | None = None, workload: str | dict = "",
         keep_membership: bool = False, keep_tokens: bool = False, progress=None, on_iteration=None,
-        runner_and_clock=None, fast_forward: bool = True, tracer=None) -> RunResult:
-    """Run `requests` under `spec`; with `run_dir`, write the run logs there; `tracer` replaces the NVTX tracer."""
+        runner_and_clock=None, bulk: bool = True, make_tracer=None) -> RunResult:
+    """Run `requests` under `spec`; with `run_dir`, write the run logs there; `make_tracer(clock)` makes the
+    tracer in place of the NVTX one."""
     clock, runner = runner_and_clock or make_runner(spec)
     engine = _engine(spec, clock, runner, run_dir, keep_membership=keep_membership, keep_tokens=keep_tokens,
-                     progress=progress, on_iteration=on_iteration, fast_forward=fast_forward, tracer=tracer)
+                     progress=progress, on_iteration=on_iteration, bulk=bulk,
+                     tracer=make_tracer(clock) if make_tracer is not None else None)
     try:
         result = engine.run(requests)  # itself without full collections
         with no_full_collections():  # nor in the close: its last row groups are many new objects
@@ -119,7 +122,7 @@ def _engine(spec: RunSpec, clock, runner, run_dir: Path | None, **options) -> En
     blocks = BlockManager(spec.num_blocks, spec.block_size, spec.swap_blocks)
     labels = {"runner": runner.name, "simulated": bool(runner.simulated)}  # as run.json says
     log = RunLog(run_dir, labels=labels) if run_dir is not None else None
-    return Engine(Scheduler(spec.scheduler, blocks), runner, clock, log=log, **options)
+    return Engine(Scheduler(spec.scheduler, blocks), runner, clock, log=log, overlap=spec.overlap, **options)
 
 
 def _close(engine: Engine, spec: RunSpec, workload: str | dict, result: RunResult) -> None:
@@ -246,7 +249,8 @@ def summarize(result: RunResult, capacity: int) -> dict:
         "states": states,
         "output_tokens": tokens,
         "iterations": result.iterations,
-        "iterations_in_bulk": result.fast_forwarded,  # quiet ones run at once (Engine._run_quiet): same logs
+        "iterations_in_bulk": result.iterations_in_bulk,  # run at once (Engine._run_in_bulk): same logs
+        "tokens_dropped": result.tokens_dropped,  # overlap mode: computed for requests that had ended
         "slot_iterations": result.iterations * capacity,
         "idle_slot_iterations": result.idle_slot_iterations,
         "idle_held_by_finished": result.idle_finished,

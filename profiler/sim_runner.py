@@ -23,6 +23,9 @@ class CostModel:
     per_swap_block_ns: float = 20_000.0
     source: str = "default"  # "default", or where calibrated coefficients came from
     per_seq_ns: float = 0.0  # each sequence's own work: its attention call's share, sampling, bookkeeping
+    # the host's work of an iteration besides the forward pass (scheduling, inputs, sampling, output),
+    # charged in prepare: an iteration takes host + device time, or in overlap mode the larger of the two
+    host_ns: float = 0.0
 
     def forward_ns(self, batch: Batch) -> int:
         tokens = len(batch.token_ids)
@@ -53,13 +56,28 @@ class SimulatedRunner:
     name = "simulated"
     simulated = True
     reads_tokens = False  # the cost model counts tokens; it never reads them
+    runs_in_bulk = True
+    overlaps = True
 
     def __init__(self, clock: SimClock, cost: CostModel | None = None) -> None:
         self.clock = clock
         self.cost = cost or CostModel()
+        self._device_done_ns = 0  # overlap mode: when the launched forward pass ends
 
     def prepare(self, batch: Batch) -> Batch:
+        if self.cost.host_ns:
+            self.clock.advance(self.cost.host_ns)
         return batch
+
+    def launch(self, prepared: Batch, swap: SwapPlan, previous: np.ndarray | None, on_device) -> None:
+        """The device starts now (its last pass was collected) and takes the swaps' and the forward pass's time
+        while the clock, the host's, goes on."""
+        start = self.clock.now_ns()
+        self._device_done_ns = start + self._swap_ns(swap) + self.cost.forward_ns(prepared)
+        on_device.span(start, self._device_done_ns)
+
+    def collect(self) -> None:
+        self.clock.sleep_until(self._device_done_ns)
 
     def forward(self, prepared: Batch) -> None:
         self.clock.advance(self.cost.forward_ns(prepared))
@@ -67,17 +85,21 @@ class SimulatedRunner:
     def sample(self, batch: Batch, logits: None) -> np.ndarray:
         return _tokens(batch.sampled_ids, batch.num_generated[batch.sample])
 
-    def decode_times(self, batch: Batch, steps: int) -> np.ndarray:
-        """[steps] what `forward` moves the clock by in `steps` iterations of an all-decode batch, each row
-        one position further than in the last. The clock does not move (the engine moves it)."""
-        return self.cost.decode_steps_ns(batch, steps)
+    def decode_times(self, batch: Batch, steps: int) -> tuple[int, np.ndarray]:
+        """What `prepare` moves the clock by in each of `steps` iterations of an all-decode batch, each row one
+        position further than in the last, and [steps] what `forward` does. The clock does not move (the
+        engine moves it)."""
+        return int(self.cost.host_ns), self.cost.decode_steps_ns(batch, steps)
 
     def decode_tokens(self, batch: Batch, steps: int) -> np.ndarray:
         """[steps, S] what `sample` gives in those iterations."""
         return _tokens(batch.request_ids, batch.num_generated + np.arange(steps, dtype=np.int64)[:, None])
 
     def swap(self, plan: SwapPlan) -> None:
-        self.clock.advance(self.cost.per_swap_block_ns * (len(plan.swap_out) + len(plan.swap_in)))
+        self.clock.advance(self._swap_ns(plan))
+
+    def _swap_ns(self, plan: SwapPlan) -> int:
+        return int(self.cost.per_swap_block_ns * (len(plan.swap_out) + len(plan.swap_in)))
 
     def release(self, request_id: int) -> None:
         pass

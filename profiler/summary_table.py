@@ -30,7 +30,8 @@ def format_summary(s: dict, runner: str, run_dir: str) -> str:
     rows = [
         ["requests", s["requests"]], ["completed", s["completed"]], ["output tokens", s["output_tokens"]],
         ["iterations", s["iterations"]],
-        *([["  of them quiet, run in bulk", s["iterations_in_bulk"]]] if s.get("iterations_in_bulk") else []),
+        *([["  of them run in bulk", s["iterations_in_bulk"]]] if s.get("iterations_in_bulk") else []),
+        *([["tokens dropped (overlap)", s["tokens_dropped"]]] if s.get("tokens_dropped") else []),
         ["idle slot-iterations", s["idle_slot_iterations"]],
         ["  held by finished requests", s["idle_held_by_finished"]],
         ["throughput (tok/s)", s["throughput_tok_s"]],

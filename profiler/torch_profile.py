@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from itertrace.errors import UserError
-from itertrace.profiler.nvtx_ranges import ADMIT, ARRIVE, DOMAIN, FINISH, STEP, TOKENS, PhaseName, Tracer, tokens_text
+from itertrace.profiler.nvtx_ranges import (ADMIT, ARRIVE, DOMAIN, FINISH, STEP, TOKENS, PhaseName, StepTimes, Tracer,
+                                            tokens_text)
 
 TRACE_NAME = "trace.json.gz"
 MARKS = (ARRIVE, ADMIT, FINISH, TOKENS)  # a `tokens` mark's text goes on: `tokens +3,4 -1`
@@ -32,7 +33,7 @@ _exit = torch.autograd._record_function_with_args_exit
 
 
 class _PhaseRange:
-    """A phase's NVTX range and its profiler range, entered and left together; reusable."""
+    """A phase's timed NVTX range and its profiler range, entered and left together; reusable."""
 
     __slots__ = ("_nvtx", "_name", "_handle")
 
@@ -49,22 +50,31 @@ class _PhaseRange:
 
 
 class ProfiledTracer(Tracer):
-    """The engine's tracer, each range and mark also a torch.profiler range of the same name."""
+    """The engine's tracer, each range and mark also a torch.profiler range of the same name.
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._profiled = {p: _PhaseRange(Tracer.phase(self, p), p.value) for p in PhaseName}
+    Steps run one after the other (push/pop): overlap mode's start/end steps are not offered, since a
+    profiler range nests on its thread.
+    """
+
+    def __init__(self, clock) -> None:
+        super().__init__(clock)
+        self._profiled = {p: _PhaseRange(self._phases[p], p.value) for p in PhaseName}
         self._steps: list[object] = []  # the open step range's handle
 
-    def push_step(self, iteration: int) -> None:
-        super().push_step(iteration)
+    def start_step(self, iteration: int) -> StepTimes:
+        times = super().start_step(iteration)
         self._steps.append(_enter(STEP, iteration))
+        return times
 
-    def pop(self) -> None:
+    def end_step(self) -> None:
         _exit(self._steps.pop())
-        super().pop()
+        super().end_step()
 
-    def phase(self, name: PhaseName) -> _PhaseRange:
+    def open_step(self, iteration: int):
+        raise RuntimeError("a torch.profiler trace cannot hold overlapping steps; run without --overlap")
+
+    def phase(self, name: PhaseName, times: StepTimes) -> _PhaseRange:
+        super().phase(name, times)  # points the phase's timed range at this step's times
         return self._profiled[name]
 
     def mark(self, name: str, request_id: int) -> None:
@@ -83,7 +93,7 @@ def check_folder(folder: Path) -> None:
 
 
 @contextmanager
-def profiled(folder: Path, device: str | None) -> Iterator[ProfiledTracer]:
+def profiled(folder: Path, device: str | None) -> Iterator[type[ProfiledTracer]]:
     """Record what runs inside with torch.profiler (CPU, and CUDA on a CUDA run); write FOLDER/trace.json.gz.
 
     The trace appears only when the block completes; on a failure nothing is left in FOLDER.
@@ -98,7 +108,7 @@ def profiled(folder: Path, device: str | None) -> Iterator[ProfiledTracer]:
     try:
         with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
             prof.add_metadata_json("itertrace", json.dumps({"domain": DOMAIN, "marks": list(MARKS)}))
-            yield ProfiledTracer()
+            yield ProfiledTracer  # made by the run, over its clock
         prof.export_chrome_trace(str(partial))
         os.replace(partial, folder / TRACE_NAME)
     except BaseException:

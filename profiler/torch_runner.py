@@ -10,11 +10,13 @@ from torch import Tensor
 
 from itertrace.profiler.batch import Batch, SwapPlan
 from itertrace.profiler.checkpoint import load_checkpoint
+from itertrace.profiler.decode_inputs import DecodeInputs
+from itertrace.profiler.launcher import Launcher
 from itertrace.profiler.model import AttentionMetadata, ModelConfig, random_model
 from itertrace.profiler.sampling import Sampler
 
 
-@dataclass(frozen=True)
+@dataclass
 class PreparedBatch:
     """Device inputs for one forward pass."""
 
@@ -22,113 +24,15 @@ class PreparedBatch:
     positions: Tensor  # [T]
     meta: AttentionMetadata
     sample_rows: Tensor  # [S] row of the last token of each sequence with sample=True, in batch order
+    # overlap mode: (places in input_ids, rows of the previous iteration's tokens) of the placeholder tokens
+    # (see Runner), which launch puts in; None when there are none
+    placeholders: tuple[np.ndarray, np.ndarray] | None = None
 
 
-class _DecodeInputs:
-    """Inputs of an all-decode batch of n sequences, preallocated and rewritten in place every iteration.
-
-    Rows of one host array (token ids, slot mapping, positions, context lengths) and of its device
-    copy, which is the same memory on the CPU; a forward pass reads them before the next iteration
-    writes them. The block tables are read from the batch's own array, checked when a batch brings
-    another array than the last one. The scheduler writes a handed-out tables array in one way only
-    (see Batch): a -1 entry becomes the block the row's next token goes into, just before the batch
-    of that token, whose slot check (`write`) then covers the new block id. On the CPU the tensor
-    passed to attention is the array's own memory, so it sees such writes; on CUDA the tables are
-    uploaded with the other inputs at every iteration, from pinned host buffers without waiting for
-    the copies (the forward pass that reads them synchronizes before the next `write`).
-    """
-
-    def __init__(self, n: int, device: torch.device, block_size: int) -> None:
-        self.rows = np.arange(n)  # [n]; never written
-        self.rows_tensor = torch.from_numpy(self.rows).to(device)
-        # [5, n]: token ids, slot mapping, positions, context lengths; then each position counted from the
-        # start of the flattened tables (row i starts at i * max_blocks * block_size), not uploaded
-        self.same_memory = device.type == "cpu"  # nothing to upload
-        # on CUDA in pinned memory, so that its upload need not wait for the copy
-        host = torch.zeros((5, n), dtype=torch.int64, pin_memory=device.type == "cuda")
-        self.host = host.numpy()
-        self.token_ids, self.slots, self.positions, self.context, self._flat_pos = self.host
-        self.checked = self.host[:3].view(np.uint64)  # token ids, slots, positions: negatives read as huge
-        self._from_pos = self.host[2:]  # [3, n]: positions, context lengths, flat positions ...
-        self._pos_offsets = np.zeros((3, n), dtype=np.int64)  # ... each position plus these
-        self._pos_offsets[1] = 1
-        self._scratch = np.empty(n, dtype=np.int64)
-        self._device = device
-        self._host = host[:4]
-        self._host_on_device = self._host.to(device)  # [4, n]; the host array itself on the CPU
-        self.on_device = tuple(self._host_on_device)  # its rows, as tensors made once
-        # ufuncs over two arrays: a Python scalar operand costs more than the operation on a few hundred elements
-        self.block_size, self._block_sizes = block_size, np.full(n, block_size)
-        if block_size & (block_size - 1) == 0:  # a power of two, as block sizes are: shift and mask
-            self._block_of, self._shift = np.right_shift, np.full(n, block_size.bit_length() - 1)
-            self._offset_of, self._mask = np.bitwise_and, np.full(n, block_size - 1)
-        else:
-            self._block_of, self._shift = np.floor_divide, self._block_sizes
-            self._offset_of, self._mask = np.remainder, self._block_sizes
-        self.num_tokens: np.ndarray | None = None  # the last num_tokens array seen (all >= 1)
-        self.sample: np.ndarray | None = None  # the last sample array seen, and its rows as a tensor
-        self.sample_rows = self.rows_tensor
-        self.tables: np.ndarray | None = None  # the last block tables array taken, and what follows from it:
-        self.bad_block = False  # some block id lies outside the cache
-        self._tables = np.empty((n, 0), dtype=np.int64)  # [n, max_blocks]: that array, or a contiguous copy of it
-        self._tables_flat = self._tables.reshape(-1)  # ... flattened
-        self._tables_host = torch.from_numpy(self._tables)  # ... as a tensor (the same memory; on CUDA a pinned copy)
-        self._tables_on_device = self._tables_host.to(device)  # ... on the device (on the CPU: itself)
-        self.width = 0  # columns of table_tensor
-        self.table_tensor = self._tables_on_device  # [n, width]: the first columns of _tables_on_device
-        self.prepared: PreparedBatch | None = None  # made from the tensors above, while they stay
-
-    def take_tables(self, tables: np.ndarray, num_blocks: int) -> None:
-        """Another block tables array: check its block ids against the cache and read the tables from it.
-
-        An array that is not C-contiguous, writable int64 is copied, and then taken again with every
-        batch, since writes to it would not reach the copy.
-        """
-        self.tables = None  # until it is in
-        self.bad_block = bool(np.maximum.reduce(tables, None) >= num_blocks)
-        self._tables = np.require(tables, np.int64, "CW")
-        self._tables_flat = self._tables.reshape(-1)
-        if self.same_memory:
-            self._tables_host = self._tables_on_device = torch.from_numpy(self._tables)
-        elif self._tables_host.shape != self._tables.shape:  # buffers of this shape, kept while it lasts
-            self._tables_host = torch.empty(self._tables.shape, dtype=torch.int64, pin_memory=True)
-            self._tables_on_device = torch.empty(self._tables.shape, dtype=torch.int64, device=self._device)
-        np.multiply(self.rows, tables.shape[1] * self.block_size, self._pos_offsets[2])
-        self.width, self.prepared = 0, None
-        if self._tables is tables:
-            self.tables = tables
-
-    def write(self, tokens: np.ndarray, pos: np.ndarray) -> list[int]:
-        """Write the inputs; the largest token id, slot and position (unsigned: a negative one reads as huge).
-
-        A token at position p of row i goes to slot tables[i, p // bs] * bs + p % bs; a table too
-        short for it has -1 there, which makes the slot negative.
-        """
-        self.token_ids[...] = tokens
-        np.add(self._pos_offsets, pos, self._from_pos)  # positions, context lengths, flat positions at once
-        index, slots = self._scratch, self.slots
-        self._block_of(self._flat_pos, self._shift, index)  # [n] each token's block in the flattened tables
-        # clip: an index past a row's table (found by the caller from the largest position) stays in bounds
-        self._tables_flat.take(index, None, slots, "clip")
-        np.multiply(slots, self._block_sizes, slots)
-        self._offset_of(pos, self._mask, index)  # [n] each token's place in its block
-        np.add(slots, index, slots)
-        return np.maximum.reduce(self.checked, 1).tolist()
-
-    def use_width(self, width: int) -> None:
-        """Pass the first `width` columns of the tables on (blocks the longest context needs)."""
-        self.width, self.prepared = width, None
-        self.table_tensor = self._tables_on_device[:, :width]
-
-    def upload(self) -> None:
-        """Copy the host rows and the block tables to the device, where `on_device` and `table_tensor` hold them.
-
-        The copies are queued before the forward pass's kernels on the same stream, from pinned memory
-        that nothing writes until that forward pass has synchronized.
-        """
-        np.copyto(self._tables_host.numpy(), self._tables)
-        self._host_on_device.copy_(self._host, non_blocking=True)
-        self._tables_on_device.copy_(self._tables_host, non_blocking=True)
+def _placeholders(token_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(places, rows of the previous iteration's tokens) of the placeholders among token ids; None if none."""
+    at = np.flatnonzero(token_ids < 0)
+    return (at, -1 - token_ids[at]) if len(at) else None
 
 
 class TorchRunner:
@@ -141,6 +45,8 @@ class TorchRunner:
     name = "torch"
     simulated = False
     reads_tokens = True
+    runs_in_bulk = False  # a model's tokens come one forward pass at a time
+    overlaps = True
 
     def __init__(
         self,
@@ -177,7 +83,11 @@ class TorchRunner:
         # Per layer (K, V), each [num_blocks, block_size, kv_heads, head_dim]: views into kv_cache.
         self.layer_caches = [(self.kv_cache[layer, 0], self.kv_cache[layer, 1]) for layer in range(c.num_layers)]
         self.sampler = Sampler()
-        self._inputs: _DecodeInputs | None = None
+        # decode inputs, two so that overlap mode prepares into one while a forward pass reads the other
+        self._inputs: list[DecodeInputs | None] = [None, None]
+        self._prepared_in: int | None = None  # which of them the last prepared batch uses (None: neither)
+        self._reading: int | None = None  # which of them the forward pass on the device reads (overlap mode)
+        self._launcher = Launcher(self.device)  # overlap mode: runs forward passes beside the host
         # what an all-decode batch is checked against: the largest token id, position and slot, plus one
         self._decode_limits = (self.config.vocab_size, self.config.max_position, num_blocks * block_size)
 
@@ -197,15 +107,19 @@ class TorchRunner:
         """
         if batch.block_size != self.block_size:
             raise ValueError(f"batch block_size {batch.block_size} != runner block_size {self.block_size}")
-        n, inputs = batch.num_seqs, self._inputs
+        slot = 1 if self._reading == 0 else 0  # not the inputs a forward pass on the device reads
+        n, inputs = batch.num_seqs, self._inputs[slot]
+        self._prepared_in = None
         if inputs is not None and batch.num_tokens is inputs.num_tokens and len(batch.token_ids) == n:
             # the num_tokens array of the last all-decode batch: checked then (a batch's arrays are never
             # written), and as long, so the same number of decodes
+            self._prepared_in = slot
             return self._prepare_decodes(batch, inputs)
         if n and len(batch.token_ids) == n and batch.num_tokens.min() >= 1:  # every sequence runs one token
             if inputs is None or len(inputs.rows) != n:
-                inputs = self._inputs = _DecodeInputs(n, self.device, self.block_size)
+                inputs = self._inputs[slot] = DecodeInputs(n, self.device, self.block_size)
             inputs.num_tokens = batch.num_tokens
+            self._prepared_in = slot
             return self._prepare_decodes(batch, inputs)
         return self._prepare_mixed(batch)
 
@@ -246,14 +160,17 @@ class TorchRunner:
             decode_block_tables=self._tensor(tables),
             decode_context_lens=self._tensor(context[decode]),
         )
+        placeholders = _placeholders(batch.token_ids) if len(batch.token_ids) else None
         return PreparedBatch(
-            input_ids=self._tensor(batch.token_ids),
+            # launch writes the placeholders' tokens into a copy: a batch's arrays are never written
+            input_ids=self._tensor(batch.token_ids if placeholders is None else batch.token_ids.copy()),
             positions=self._tensor(positions),
             meta=meta,
             sample_rows=self._tensor(ends[batch.sample] - 1),
+            placeholders=placeholders,
         )
 
-    def _prepare_decodes(self, batch: Batch, inputs: _DecodeInputs) -> PreparedBatch:
+    def _prepare_decodes(self, batch: Batch, inputs: DecodeInputs) -> PreparedBatch:
         """The steady-state case: every sequence runs one token, so rows are sequences.
 
         Its cost is per call, not per sequence (a numpy call costs about a microsecond, a torch op
@@ -278,6 +195,9 @@ class TorchRunner:
         top_token, top_slot, top_pos = inputs.write(batch.token_ids, batch.start_pos)
         width = top_pos // bs + 1  # blocks the longest context needs
         vocab, positions, slots = self._decode_limits
+        placeholders = None
+        if top_token >= vocab and (placeholders := _placeholders(batch.token_ids)) is not None:
+            top_token = int(batch.token_ids.max())  # the others' tokens are checked, the placeholders' put in later
         if (top_token >= vocab or top_pos >= positions or top_slot >= slots or width > tables.shape[1]
                 or inputs.bad_block):
             # a token id outside the vocabulary, a context past max_position, a table too short (its -1
@@ -295,6 +215,7 @@ class TorchRunner:
         prepared = inputs.prepared
         if prepared is not None:  # the same tensors, rewritten in place
             prepared.meta.inputs_rewritten()
+            prepared.placeholders = placeholders
             return prepared
         ids_t, slots_t, pos_t, context_t = inputs.on_device
         meta = AttentionMetadata(
@@ -304,20 +225,62 @@ class TorchRunner:
             decode_block_tables=inputs.table_tensor,
             decode_context_lens=context_t,
         )
-        inputs.prepared = PreparedBatch(input_ids=ids_t, positions=pos_t, meta=meta, sample_rows=inputs.sample_rows)
+        inputs.prepared = PreparedBatch(input_ids=ids_t, positions=pos_t, meta=meta, sample_rows=inputs.sample_rows,
+                                        placeholders=placeholders)
         return inputs.prepared
 
     def forward(self, prepared: PreparedBatch) -> Tensor:
         """Run the model, writing this iteration's KV; logits [S, vocab] for the sampling sequences."""
-        with torch.inference_mode():
-            if prepared.input_ids.numel():
-                hidden = self.model(prepared.input_ids, prepared.positions, self.layer_caches, prepared.meta)  # [T, H]
-                logits = self.model.compute_logits(hidden[prepared.sample_rows])  # [S, vocab]
-            else:
-                logits = torch.empty((0, self.vocab_size), dtype=self.config.torch_dtype, device=self.device)
+        logits = self._logits(prepared)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return logits
+
+    def _logits(self, prepared: PreparedBatch) -> Tensor:
+        """The model's forward pass, queued on the current stream on CUDA."""
+        if prepared.placeholders is not None:
+            raise ValueError("the batch's token ids hold placeholders: launch puts their tokens in, forward cannot")
+        with torch.inference_mode():
+            if prepared.input_ids.numel():
+                hidden = self.model(prepared.input_ids, prepared.positions, self.layer_caches, prepared.meta)  # [T, H]
+                return self.model.compute_logits(hidden[prepared.sample_rows])  # [S, vocab]
+            return torch.empty((0, self.vocab_size), dtype=self.config.torch_dtype, device=self.device)
+
+    # ---- overlap mode ---------------------------------------------------------------------------------
+    def launch(self, prepared: PreparedBatch, swap: SwapPlan, previous: np.ndarray | None, on_device) -> None:
+        """Start the swaps and the forward pass and return while they run (see Launcher); the placeholders get
+        `previous`'s tokens first."""
+        self._put_tokens(prepared, previous)
+        self._reading = self._prepared_in
+
+        def work() -> Tensor:
+            if swap.swap_out or swap.swap_in:
+                self.swap(swap)
+            return self._logits(prepared)
+
+        self._launcher.launch(work, on_device, prepared)
+
+    def collect(self) -> Tensor:
+        """Wait for the launched forward pass; its logits (on CUDA in pinned host memory)."""
+        try:
+            return self._launcher.collect()
+        finally:
+            self._reading = None
+
+    def _put_tokens(self, prepared: PreparedBatch, previous: np.ndarray | None) -> None:
+        """Write the previous iteration's tokens where the batch has placeholders."""
+        if prepared.placeholders is None:
+            return
+        at, rows = prepared.placeholders
+        if previous is None or int(rows.max()) >= len(previous):
+            raise ValueError(f"placeholders for {int(rows.max()) + 1} tokens of the previous iteration, "
+                             f"{0 if previous is None else len(previous)} given")
+        tokens = torch.from_numpy(previous[rows])
+        if self.device.type == "cuda":
+            prepared.input_ids[torch.from_numpy(at).to(self.device)] = tokens.to(self.device)
+        else:
+            prepared.input_ids[torch.from_numpy(at)] = tokens
+        prepared.placeholders = None
 
     def sample(self, batch: Batch, logits: Tensor) -> np.ndarray:
         """One token per sequence with sample=True, in batch order."""
@@ -350,7 +313,7 @@ class TorchRunner:
             return
         if batch.num_tokens.min() < 1:
             raise ValueError(f"request {int(batch.request_ids[batch.num_tokens.argmin()])}: no tokens to run")
-        if batch.token_ids.min() < 0 or batch.token_ids.max() >= self.vocab_size:
+        if batch.token_ids.max() >= self.vocab_size:  # a negative one is a placeholder (see Runner)
             raise ValueError(f"batch {batch.iteration}: token id outside [0, {self.vocab_size})")
         context = batch.context_lens
         if context.max() > self.config.max_position:

@@ -1,8 +1,9 @@
 -- Iterations as a trace shows them, each with a host and a device interval. The host interval is
--- the step range. The device interval is, on CUDA, the GPU projection of the work launched inside
--- the step, and on a run without GPU work, the device-pattern range inside the step (this engine's
--- `forward`). Range names come from the mapping (mapping.sql), so the same SQL serves other
--- programs' traces.
+-- the step range (push/pop, or start/end where steps overlap, as in this engine's overlap mode). The
+-- device interval is, on CUDA, the GPU projection of the work launched inside the step, and on a run
+-- without GPU work, the device-pattern range inside the step (this engine's `forward`), or the one
+-- numbered as the step (see _iterations_device_ranges). Range names come from the mapping
+-- (mapping.sql), so the same SQL serves other programs' traces.
 
 -- The step ranges the mapping names, numbered as it says.
 CREATE VIEW _iterations_steps AS
@@ -21,25 +22,60 @@ FROM nvtx_ranges
 WHERE regexp_matches(text, mapping_step_pattern())
   AND (mapping_domain() IS NULL OR domain_name = mapping_domain());
 
--- Per step, the span of the device-pattern ranges inside it on its thread. A device range belongs to
--- the step that started last at or before it on the same thread (a sort-based ASOF join), if that
--- step also encloses its end; a device range still open when the capture stopped has no end and
--- counts for nothing.
+-- The device-pattern ranges (this engine's `forward`), each with the iteration it carries where steps
+-- are numbered by payload and it has one; a range still open when the capture stopped has no end
+-- and counts for nothing.
+CREATE VIEW _iterations_device_pattern AS
+SELECT
+  range_id,
+  global_tid,
+  global_pid,
+  start_ns,
+  end_ns,
+  CASE WHEN mapping_iteration_from() = 'payload' THEN int64_value END AS iteration
+FROM nvtx_ranges
+WHERE mapping_device_pattern() IS NOT NULL
+  AND regexp_matches(text, mapping_device_pattern())
+  AND (mapping_domain() IS NULL OR domain_name = mapping_domain())
+  AND end_ns IS NOT NULL;
+
+-- The numbered device ranges, each with its step: the step of that number in its process that
+-- encloses it in time, on whatever thread it ran. This engine's overlap mode numbers its forward
+-- passes so: they run while the next step has begun (on a device thread on the CPU), so neither the
+-- thread nor the time alone says whose they are.
+CREATE VIEW _iterations_numbered AS
+SELECT s.range_id, d.range_id AS device_range_id, d.start_ns, d.end_ns
+FROM _iterations_device_pattern AS d
+JOIN _iterations_steps AS s
+  ON s.global_pid = d.global_pid AND s.iteration = d.iteration
+ AND s.start_ns <= d.start_ns AND d.end_ns <= coalesce(s.end_ns, 9223372036854775807);
+
+-- Per step, the span of its device ranges: the numbered ones, and the unnumbered ones that belong to
+-- the step that started last at or before them on their thread (a sort-based ASOF join), if that
+-- step also encloses their end.
 CREATE VIEW _iterations_device_ranges AS
 WITH
-  device AS (
-    SELECT global_tid, start_ns, end_ns
-    FROM nvtx_ranges
-    WHERE mapping_device_pattern() IS NOT NULL
-      AND regexp_matches(text, mapping_device_pattern())
-      AND (mapping_domain() IS NULL OR domain_name = mapping_domain())
-      AND end_ns IS NOT NULL
+  enclosed AS (
+    SELECT s.range_id, d.start_ns, d.end_ns
+    FROM (SELECT * FROM _iterations_device_pattern WHERE iteration IS NULL) AS d
+    ASOF JOIN _iterations_steps AS s ON s.global_tid = d.global_tid AND s.start_ns <= d.start_ns
+    WHERE d.end_ns <= coalesce(s.end_ns, 9223372036854775807)
   )
-SELECT s.range_id, min(d.start_ns) AS start_ns, max(d.end_ns) AS end_ns
-FROM device AS d
-ASOF JOIN _iterations_steps AS s ON s.global_tid = d.global_tid AND s.start_ns <= d.start_ns
-WHERE d.end_ns <= coalesce(s.end_ns, 9223372036854775807)
-GROUP BY s.range_id;
+SELECT range_id, min(start_ns) AS start_ns, max(end_ns) AS end_ns
+FROM (SELECT range_id, start_ns, end_ns FROM _iterations_numbered UNION ALL SELECT * FROM enclosed)
+GROUP BY range_id;
+
+-- Per step, the GPU projection of its numbered device ranges (overlap mode on CUDA: the work its
+-- forward pass launched, where the step's own projection also holds the next step's launches).
+CREATE VIEW _iterations_numbered_gpu AS
+SELECT
+  n.range_id,
+  min(g.gpu_start_ns) AS gpu_start_ns,
+  max(g.gpu_end_ns) AS gpu_end_ns,
+  sum(g.gpu_op_count)::BIGINT AS gpu_op_count
+FROM _iterations_numbered AS n
+JOIN nvtx_gpu_projection AS g ON g.range_id = n.device_range_id
+GROUP BY n.range_id;
 
 -- Per step, the start of the first CUDA API call inside it that launched GPU work.
 CREATE VIEW _iterations_first_launch AS
@@ -55,8 +91,9 @@ ASOF JOIN _iterations_steps AS s ON s.global_tid = l.global_tid AND s.start_ns <
 WHERE l.end_ns <= coalesce(s.end_ns, 9223372036854775807)
 GROUP BY s.range_id;
 
--- Per step, its device interval: the GPU projection of the work launched inside it, else the span of
--- its device-pattern ranges. host_gaps reads only this (not the launch columns of `iterations`).
+-- Per step, its device interval: the GPU projection of the work its numbered device ranges launched,
+-- else of the work launched inside it, else the span of its device-pattern ranges. host_gaps reads
+-- only this (not the launch columns of `iterations`).
 CREATE VIEW _iterations_device AS
 SELECT
   s.range_id,
@@ -65,12 +102,14 @@ SELECT
   s.global_pid,
   s.start_ns,
   s.end_ns,
-  coalesce(g.gpu_start_ns, d.start_ns) AS device_start_ns,
-  coalesce(g.gpu_end_ns, d.end_ns) AS device_end_ns,
-  CASE WHEN g.range_id IS NOT NULL THEN 'gpu' WHEN d.range_id IS NOT NULL THEN 'range' END AS device_source,
-  coalesce(g.gpu_op_count, 0) AS gpu_op_count,
-  g.gpu_start_ns
+  coalesce(n.gpu_start_ns, g.gpu_start_ns, d.start_ns) AS device_start_ns,
+  coalesce(n.gpu_end_ns, g.gpu_end_ns, d.end_ns) AS device_end_ns,
+  CASE WHEN n.range_id IS NOT NULL OR g.range_id IS NOT NULL THEN 'gpu' WHEN d.range_id IS NOT NULL THEN 'range' END
+    AS device_source,
+  coalesce(n.gpu_op_count, g.gpu_op_count, 0) AS gpu_op_count,
+  coalesce(n.gpu_start_ns, g.gpu_start_ns) AS gpu_start_ns
 FROM _iterations_steps AS s
+LEFT JOIN _iterations_numbered_gpu AS n ON n.range_id = s.range_id
 LEFT JOIN nvtx_gpu_projection AS g ON g.range_id = s.range_id
 LEFT JOIN _iterations_device_ranges AS d ON d.range_id = s.range_id;
 
@@ -90,15 +129,15 @@ CREATE VIEW iterations (
   host_end_ns,
   -- host_end_ns - host_start_ns.
   host_dur_ns,
-  -- Start of the iteration's device work: its first GPU operation, or else the first device-pattern range inside the step; NULL when it has neither.
+  -- Start of the iteration's device work: its first GPU operation (launched inside its numbered device ranges, or else inside the step), or else its first device-pattern range; NULL when it has neither.
   device_start_ns,
-  -- End of the iteration's device work: its last GPU operation, or else the last device-pattern range inside the step.
+  -- End of the iteration's device work: its last GPU operation, or else the end of its last device-pattern range.
   device_end_ns,
   -- device_end_ns - device_start_ns.
   device_dur_ns,
-  -- Where the device interval comes from: 'gpu' (GPU work launched inside the step), 'range' (device-pattern ranges inside it), or NULL (neither).
+  -- Where the device interval comes from: 'gpu' (GPU work it launched), 'range' (its device-pattern ranges), or NULL (neither).
   device_source,
-  -- GPU operations (kernels, memcpys, memsets) launched inside the step; 0 when none.
+  -- GPU operations (kernels, memcpys, memsets) it launched (inside its numbered device ranges, or else inside the step); 0 when none.
   gpu_op_count,
   -- Start of the first CUDA API call inside the step that launched GPU work; NULL without GPU work.
   first_launch_ns,

@@ -36,7 +36,7 @@ class Lockstep:
     with `devices=("cuda", "cuda")` they must agree bit for bit (a CUDA run is reproducible).
     """
 
-    name, simulated = "lockstep", False
+    name, simulated, reads_tokens, runs_in_bulk = "lockstep", False, True, False
 
     def __init__(self, devices=("cpu", "cuda"), **kw) -> None:
         self.cpu = TorchRunner(CONFIG, device=devices[0], **kw)
@@ -147,3 +147,25 @@ def test_cuda_model_dtype_bfloat16_runs():
     requests = build_requests([RequestSpec(0, 9, 5) for _ in range(3)], seed=2)
     Engine(Scheduler(SchedulerConfig(max_num_seqs=3), BlockManager(64, 4)), runner, WallClock()).run(requests)
     assert [len(r.output_ids) for r in requests] == [5, 5, 5]
+
+
+
+@pytest.mark.parametrize("kind", [PreemptKind.RECOMPUTE, PreemptKind.SWAP])
+def test_overlap_on_cuda_gives_the_tokens_of_the_engine_without_it(kind):
+    """Overlap mode on CUDA (forward passes on the runner's stream, logits copied back into pinned memory behind
+    an event, the next batch prepared into the other inputs meanwhile): greedy tokens the same as without it,
+    through chunked prefill, decodes and KV pressure (swaps made on the stream), every batch checked."""
+    from overlap_checks import CheckedRunner
+
+    specs = [RequestSpec(0, 7 + 5 * i, 10 + 4 * i) for i in range(10)]
+    config = SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=24, preemption=kind)
+    outputs, preempted = {}, 0
+    for overlap in (False, True):
+        requests = build_requests(specs, seed=3)
+        blocks = BlockManager(32, 4, 64)
+        runner = TorchRunner(CONFIG, num_blocks=32, block_size=4, swap_blocks=64, device="cuda", seed=5)
+        Engine(Scheduler(config, blocks), CheckedRunner(runner, blocks, requests), WallClock(), overlap=overlap).run(requests)
+        outputs[overlap] = [r.output_ids for r in requests]
+        preempted += sum(r.num_preemptions for r in requests)
+    assert preempted > 0
+    assert outputs[True] == outputs[False]

@@ -57,7 +57,7 @@ def test_event_rows_and_token_blocks_keep_their_order_across_row_groups(tmp_path
 
 
 def test_rows_in_bulk_land_where_the_same_rows_one_by_one_would(tmp_path):
-    """Iteration rows given as columns (quiet stretches) among rows given one by one, across row groups,
+    """Iteration rows given as columns (stretches run in bulk) among rows given one by one, across row groups,
     against the same rows all given one by one; the token rows given in bulk likewise."""
     rng = random.Random(5)
     template = {name: 0 for name in ITERATIONS.names} | {"policy": "fcfs", "limit": "queue_empty", "simulated": True}
@@ -91,8 +91,8 @@ def test_rows_in_bulk_land_where_the_same_rows_one_by_one_would(tmp_path):
 class _Recorder(Tracer):
     """Keeps the text of every `tokens` mark by iteration, besides emitting it."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, clock) -> None:
+        super().__init__(clock)
         self.marks: dict[int, str] = {}
 
     def tokens(self, iteration, added, removed) -> None:
@@ -108,7 +108,8 @@ def test_tokens_marks_are_the_changes_in_who_got_a_token(tmp_path):
     requests = wl.build_requests(specs)
     for req in requests:  # ids that are not 0 .. n-1: the engine finds their rows by search
         req.request_id = 1000 + 3 * req.request_id
-    clock, tracer = SimClock(), _Recorder()
+    clock = SimClock()
+    tracer = _Recorder(clock)
     sched = Scheduler(SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=64, preemption=PreemptKind.RECOMPUTE),
                       BlockManager(24, 4))
     got: list[set[int]] = []  # by iteration

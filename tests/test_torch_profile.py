@@ -76,4 +76,6 @@ def test_refused_where_it_cannot_work(tmp_path, capsys):
     assert "not an empty folder" in capsys.readouterr().err
     inside = [*RUN_ARGS, "--out", str(tmp_path / "r"), "--torch-profile", str(tmp_path / "r" / "torch")]
     assert main(inside) == 2 and "inside the run directory" in capsys.readouterr().err
+    overlap = [*RUN_ARGS, "--overlap", "--torch-profile", str(tmp_path / "o")]
+    assert main(overlap) == 2 and "--torch-profile does not take --overlap" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]

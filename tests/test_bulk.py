@@ -1,6 +1,6 @@
-"""Quiet iterations run at once (Engine._run_quiet) give what a pass of the loop each gives.
+"""Iterations run in bulk (Engine._run_in_bulk) give what a pass of the loop each gives.
 
-Two computations of the same run: the engine with fast-forward on and off. Their run logs (every row
+Two computations of the same run: the engine with bulk runs on and off. Their run logs (every row
 of the iteration, event and request tables), the requests' final state and the run's summary must be
 identical, under random workloads, budgets, KV pressure, preemption kinds, arrivals, cancellations
 and stop tokens.
@@ -32,8 +32,8 @@ from itertrace.profiler.workloads import RequestSpec, build_requests
 class _Marks(Tracer):
     """Keeps every NVTX mark it emits (arrive, admit, finish, tokens) in order."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, clock) -> None:
+        super().__init__(clock)
         self.kept: list[tuple] = []
 
     def mark(self, name, request_id) -> None:
@@ -45,14 +45,14 @@ class _Marks(Tracer):
         super().tokens(iteration, added, removed)
 
 
-def _run(specs, cfg, num_blocks, block_size, swap_blocks, sampling, ignore_eos, fast_forward, cost=None):
+def _run(specs, cfg, num_blocks, block_size, swap_blocks, sampling, ignore_eos, bulk, cost=None):
     reqs = build_requests(specs, sampling=sampling, ignore_eos=ignore_eos)
     clock = SimClock()
     blocks = BlockManager(num_blocks, block_size, swap_blocks)
-    tracer = _Marks()
+    tracer = _Marks(clock)
     engine = Engine(Scheduler(cfg, blocks),
                     SimulatedRunner(clock, cost), clock, keep_membership=True, keep_tokens=True,
-                    fast_forward=fast_forward, tracer=tracer)
+                    bulk=bulk, tracer=tracer)
     with tempfile.TemporaryDirectory() as tmp:
         engine.log = RunLog(Path(tmp))
         result = engine.run(reqs)
@@ -65,7 +65,7 @@ def _run(specs, cfg, num_blocks, block_size, swap_blocks, sampling, ignore_eos, 
              for rid, t in result.times.items()}
     summary = (result.iterations, result.idle_slot_iterations, result.idle_finished, result.idle_while_queued,
                result.end_ns, result.membership)
-    return tables, state, times, summary, result.fast_forwarded
+    return tables, state, times, summary, result.iterations_in_bulk
 
 
 def _assert_same(slow, fast) -> None:
@@ -75,7 +75,7 @@ def _assert_same(slow, fast) -> None:
     assert slow[4] == 0
 
 
-# longer outputs than the invariant tests' so that runs have quiet stretches worth skipping
+# longer outputs than the invariant tests' so that runs have stretches worth running in bulk
 long_requests = st.lists(
     st.builds(RequestSpec, arrival_ns=st.integers(0, 300_000_000), prompt_tokens=st.integers(1, 60),
               output_tokens=st.integers(1, 120), priority=st.integers(0, 2),
@@ -87,25 +87,27 @@ long_requests = st.lists(
 @given(specs=st.one_of(requests, long_requests), cfg=configs, num_blocks=st.integers(1, 64),
        block_size=st.sampled_from([1, 4, 16]), swap_blocks=st.integers(0, 12),
        stops=st.lists(st.integers(32, 126), max_size=3), ignore_eos=st.booleans())
-def test_fast_forward_gives_the_same_run(specs, cfg, num_blocks, block_size, swap_blocks, stops, ignore_eos):
+def test_bulk_runs_give_the_same_run(specs, cfg, num_blocks, block_size, swap_blocks, stops, ignore_eos):
     sampling = SamplingParams(stop_token_ids=tuple(stops)) if stops else None
     args = (specs, cfg, num_blocks, block_size, swap_blocks, sampling, ignore_eos)
-    _assert_same(_run(*args, fast_forward=False), _run(*args, fast_forward=True))
+    _assert_same(_run(*args, bulk=False), _run(*args, bulk=True))
 
 
 def test_a_steady_run_skips_most_iterations_and_stays_the_same():
-    """The default workload's shape: 16 slots, every request 128 tokens. Non-integer cost coefficients, so
-    the per-iteration times go through float rounding in both computations."""
+    """The default workload's shape: 16 slots, every request 128 tokens. Non-integer cost coefficients (the
+    host's time too, charged in prepare), so the per-iteration times go through float rounding in both
+    computations."""
     specs = [RequestSpec(0, 100, 128) for _ in range(48)] + [RequestSpec(5_000_000_000, 7, 300)]
-    cost = CostModel(fixed_ns=1_234_567.5, per_seq_ns=3_333.3, per_token_ns=45_678.9, per_context_token_ns=77.7)
+    cost = CostModel(fixed_ns=1_234_567.5, per_seq_ns=3_333.3, per_token_ns=45_678.9, per_context_token_ns=77.7,
+                     host_ns=456_789.6)
     args = (specs, SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=512), 4096, 16, 0, None, True)
-    slow, fast = _run(*args, fast_forward=False, cost=cost), _run(*args, fast_forward=True, cost=cost)
+    slow, fast = _run(*args, bulk=False, cost=cost), _run(*args, bulk=True, cost=cost)
     _assert_same(slow, fast)
     iterations = slow[3][0]
     assert fast[4] > 0.9 * iterations, (fast[4], iterations)
 
 
-def test_kv_running_short_within_a_quiet_stretch():
+def test_kv_running_short_within_a_bulk_stretch():
     """Every pool size from too small to ample: the stretch must stop exactly where the pool runs short
     (that iteration preempts), and the blocks must be the same ones, taken in the same order."""
     specs = [RequestSpec(0, 3, 30), RequestSpec(0, 5, 45), RequestSpec(0, 9, 60)]
@@ -114,13 +116,13 @@ def test_kv_running_short_within_a_quiet_stretch():
     for block_size in (1, 2, 4):
         for num_blocks in range(69 // block_size // 2, 120 // block_size):
             args = (specs, cfg, num_blocks, block_size, 0, None, True)
-            slow, fast = _run(*args, fast_forward=False), _run(*args, fast_forward=True)
+            slow, fast = _run(*args, bulk=False), _run(*args, bulk=True)
             _assert_same(slow, fast)
             skipped += fast[4]
     assert skipped > 1000
 
 
-def test_a_request_refused_for_blocks_or_budget_waits_through_quiet_stretches():
+def test_a_request_refused_for_blocks_or_budget_waits_through_bulk_stretches():
     """The queue's head cannot start for want of KV blocks (or, chunked prefill off, of token budget) while
     slots are free: the rows run in bulk meanwhile, and it starts in the same iteration as one by one."""
     cases = [  # (requests, config, blocks, block size)
@@ -133,7 +135,7 @@ def test_a_request_refused_for_blocks_or_budget_waits_through_quiet_stretches():
     ]
     for specs, cfg, num_blocks, block_size in cases:
         args = (specs, cfg, num_blocks, block_size, 0, None, True)
-        slow, fast = _run(*args, fast_forward=False), _run(*args, fast_forward=True)
+        slow, fast = _run(*args, bulk=False), _run(*args, bulk=True)
         _assert_same(slow, fast)
         iterations = slow[0]["iterations"].to_pylist()
         waited = [r for r in iterations if r["num_waiting"] and r["slots_empty"] and not r["admitted"]]
@@ -142,28 +144,28 @@ def test_a_request_refused_for_blocks_or_budget_waits_through_quiet_stretches():
 
 
 def test_an_arrival_at_an_iteration_start_joins_that_iteration():
-    """A request arriving exactly when a skipped iteration would start is taken in at that iteration."""
+    """A request arriving exactly when an iteration run in bulk would start is taken in at that iteration."""
     first = [RequestSpec(0, 8, 50), RequestSpec(0, 8, 60)]
     cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64)
-    tables = _run(first, cfg, 64, 4, 0, None, True, fast_forward=False)[0]
+    tables = _run(first, cfg, 64, 4, 0, None, True, bulk=False)[0]
     start = tables["iterations"]["start_ns"].to_pylist()[20]
     args = (first + [RequestSpec(start, 4, 10)], cfg, 64, 4, 0, None, True)
-    slow, fast = _run(*args, fast_forward=False), _run(*args, fast_forward=True)
+    slow, fast = _run(*args, bulk=False), _run(*args, bulk=True)
     _assert_same(slow, fast)
     arrive = [e for e in fast[0]["events"].to_pylist() if e["request_id"] == 2 and e["kind"] == "arrive"]
     assert arrive[0]["iteration"] == 20 and arrive[0]["ts_ns"] == start
     assert fast[4] > 40
 
 
-def test_a_reservation_shrinks_as_a_row_takes_blocks_within_a_quiet_stretch():
+def test_a_reservation_shrinks_as_a_row_takes_blocks_within_a_bulk_stretch():
     """Preemption mode "reject": a is promised 6 blocks of 4 (4 + 20 tokens) and takes its 3rd and 4th at
-    iterations 5 and 9, inside a quiet stretch; b (3 blocks) arrives at iteration 11, when 6 of the 10 are
+    iterations 5 and 9, inside a stretch run in bulk; b (3 blocks) arrives at iteration 11, when 6 of the 10 are
     free and 2 promised to a. A stretch that left a's promise at 4 would reject b, which one by one admits."""
     cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, preemption=PreemptKind.REJECT)
     first = [RequestSpec(0, 4, 20)]
-    start = _run(first, cfg, 10, 4, 0, None, True, fast_forward=False)[0]["iterations"]["start_ns"].to_pylist()[11]
+    start = _run(first, cfg, 10, 4, 0, None, True, bulk=False)[0]["iterations"]["start_ns"].to_pylist()[11]
     args = (first + [RequestSpec(start, 4, 8)], cfg, 10, 4, 0, None, True)
-    slow, fast = _run(*args, fast_forward=False), _run(*args, fast_forward=True)
+    slow, fast = _run(*args, bulk=False), _run(*args, bulk=True)
     b = [e for e in slow[0]["events"].to_pylist() if e["request_id"] == 1 and e["kind"] in ("admit", "reject")]
     assert [(e["iteration"], e["kind"]) for e in b] == [(11, "admit")]
     _assert_same(slow, fast)
@@ -172,23 +174,23 @@ def test_a_reservation_shrinks_as_a_row_takes_blocks_within_a_quiet_stretch():
 
 def test_progress_is_called_at_every_thousandth_iteration_as_one_by_one():
     calls = {}
-    for fast_forward in (False, True):
+    for bulk in (False, True):
         clock, seen = SimClock(), []
         Engine(Scheduler(SchedulerConfig(max_num_seqs=2), BlockManager(4096, 16)), SimulatedRunner(clock), clock,
-               progress=lambda *call: seen.append(call), fast_forward=fast_forward).run(
+               progress=lambda *call: seen.append(call), bulk=bulk).run(
             build_requests([RequestSpec(0, 4, 2500), RequestSpec(0, 4, 1200)]))
-        calls[fast_forward] = seen
+        calls[bulk] = seen
     assert calls[True] == calls[False] == [(1000, 2), (2000, 2)]
 
 
-def test_no_fast_forward_while_a_tool_records_nvtx(monkeypatch, tmp_path):
+def test_no_bulk_runs_while_a_tool_records_nvtx(monkeypatch, tmp_path):
     """Under nsys every iteration keeps its own step range, so a capture numbers every iteration."""
     specs = [RequestSpec(0, 16, 64) for _ in range(4)]
     result = run(RunSpec(), build_requests(specs), run_dir=tmp_path / "plain")
-    assert result.fast_forwarded > 0
+    assert result.iterations_in_bulk > 0
     monkeypatch.setenv("NVTX_INJECTION64_PATH", "/nonexistent/libToolsInjection64.so")  # nvtx only reads it at load
     result = run(RunSpec(), build_requests(specs), run_dir=tmp_path / "recorded")
-    assert result.fast_forwarded == 0 and result.iterations > 60
+    assert result.iterations_in_bulk == 0 and result.iterations > 60
 
 
 def test_decode_steps_match_forward_and_sample_one_by_one():
@@ -196,7 +198,8 @@ def test_decode_steps_match_forward_and_sample_one_by_one():
     cost = CostModel(fixed_ns=2e6 / 3, per_seq_ns=1e4 / 7, per_token_ns=4.5e4 / 11, per_context_token_ns=0.1)
     runner = SimulatedRunner(SimClock(), cost)
     ids, pos, gen = np.array([3, 17, 4]), np.array([40, 7, 1000]), np.array([5, 1, 300])
-    times = runner.decode_times(_decode_batch(ids, pos, gen), 50)
+    host_ns, times = runner.decode_times(_decode_batch(ids, pos, gen), 50)
+    assert host_ns == 0
     tokens = runner.decode_tokens(_decode_batch(ids, pos, gen), 50)
     for step in range(50):
         batch = _decode_batch(ids, pos + step, gen + step)
