@@ -8,7 +8,7 @@ import pyarrow as pa
 
 from itertrace.dashboards.chart_data import TableLike, as_arrow, bin_width, iteration_axis, iteration_span, sql
 
-# What a slot did in an iteration, darkest for the waste the seed is about.
+# What a slot did in an iteration, darkest for the waste: a slot held by a finished request.
 STATES = ("working", "finished", "stalled", "empty")
 STATE_COLOURS = {"working": "#4c78a8", "finished": "#474747", "stalled": "#a3a3a3", "empty": "#e6e6e6"}
 STATE_TITLES = {"working": "working", "finished": "finished, slot still held", "stalled": "stalled (live, ran nothing)",

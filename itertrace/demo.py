@@ -1,6 +1,6 @@
-"""`itertrace demo`: the whole product on its built-in defaults, from the seed's experiments to a report.
+"""`itertrace demo`: the whole product on its built-in defaults, from the scheduling experiments to a report.
 
-The seed's three experiments run on the simulated runner (a cost model: every table says so); a
+Three scheduling experiments (worked example, stranded slot-time, fairness) run on the simulated runner (a cost model: every table says so); a
 short live run of the torch engine is captured with Nsight Systems where it is installed; every run
 is ingested into its own database, queried, and gathered into one self-contained HTML report.
 """
@@ -16,7 +16,7 @@ from itertrace.errors import UserError
 
 # The engine, DuckDB and Altair are imported when the demo runs, not when `itertrace` builds its parser.
 
-# The live run: the seed's worked example on the torch runner, one CPU thread (see sample_traces/README.md).
+# The live run: the worked example on the torch runner, one CPU thread (see sample_traces/README.md).
 LIVE = ["run", "--runner", "torch", "--workload", "worked-example", "--capacity", "8", "--seed", "0"]
 
 
@@ -30,8 +30,8 @@ REPORTS = (
 
 def register(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser(
-        "demo", help="the seed's experiments, a profiled live run, queries and the HTML report, on the defaults",
-        description=("Run the seed's worked example, stranded slot-time and fairness experiments (simulated), "
+        "demo", help="the scheduling experiments, a profiled live run, queries and the HTML report, on the defaults",
+        description=("Run the worked example, stranded slot-time and fairness experiments (simulated), "
                      "profile a live torch run of the worked example under nsys where it is installed, ingest every "
                      "run, query them, and write one HTML report. Prints the headline tables and the report's path."))
     d.add_argument("--out", type=Path, default=Path("out/demo"), help="folder for runs, databases and the report "

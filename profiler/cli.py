@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.set_defaults(func=cmd_run)
 
-    e = sub.add_parser("experiment", help="the seed's experiments: worked-example, slot-time, fairness")
+    e = sub.add_parser("experiment", help="scheduling experiments: worked-example, slot-time, fairness")
     e.add_argument("name", choices=("worked-example", "slot-time", "fairness"))
     _engine_flags(e)
     e.add_argument("--requests", type=at_least(20), help="slot-time: requests per workload, at least one "
@@ -295,7 +295,7 @@ def _torch_profile(args: argparse.Namespace, spec: RunSpec):
     return profiled(args.torch_profile, spec.model.device)
 
 
-# What each experiment sets itself, as the seed describes it: a value given for these would not be used.
+# What each experiment sets itself, as its setup describes it: a value given for these would not be used.
 _SET_BY_EXPERIMENT = {
     "worked-example": ("mode", "capacity", "requests"),
     "slot-time": ("mode", "capacity"),
@@ -304,7 +304,7 @@ _SET_BY_EXPERIMENT = {
 }
 POOR_FIT_R2 = 0.8  # calibrate warns below this (one thread here fit at 0.91 beside a busy test suite and 0.94 on
 # a quieter machine; two threads beside the busy suite, at 0.37)
-SLOT_TIME_MIN_TOKEN_BUDGET = 16 * 32  # slot-time's 16 prompts of 32 tokens in one iteration, as in the seed
+SLOT_TIME_MIN_TOKEN_BUDGET = 16 * 32  # slot-time's 16 prompts of 32 tokens in one iteration
 _EXPERIMENT_SET = sorted({dest for dests in _SET_BY_EXPERIMENT.values() for dest in dests} - {"requests"})
 
 
@@ -315,7 +315,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
     for dest in _SET_BY_EXPERIMENT[args.name]:
         if getattr(args, dest) is not None:
-            raise UserError(f"experiment {args.name} sets --{dest.replace('_', '-')} itself (the seed's setup); "
+            raise UserError(f"experiment {args.name} sets --{dest.replace('_', '-')} itself (the experiment's setup); "
                             f"leave out --{dest.replace('_', '-')} {getattr(args, dest)}")
     defaults = build_parser().parse_args(["run"])  # the same engine flags, with their usual defaults
     for dest in _EXPERIMENT_SET:

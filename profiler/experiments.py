@@ -1,4 +1,4 @@
-"""The seed's experiments: the worked example, stranded slot-time, and fairness under a short stream."""
+"""The scheduling experiments: the worked example (static vs continuous batching), stranded slot-time, and fairness under a short stream."""
 from __future__ import annotations
 
 import statistics

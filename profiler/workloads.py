@@ -1,4 +1,4 @@
-"""Workloads: the seed's synthetic ones, Poisson/gamma arrivals, and trace files (Azure CSV, JSONL)."""
+"""Workloads: the experiments' synthetic ones, Poisson/gamma arrivals, and trace files (Azure CSV, JSONL)."""
 from __future__ import annotations
 
 import calendar
@@ -18,7 +18,7 @@ from itertrace.profiler.gcquiet import no_full_collections
 from itertrace.profiler.request import Request
 from itertrace.profiler.tokenizer import EOS, SynthPrompt
 
-# The seed's variable workload: mean output length exactly 128, as the uniform one. The probabilities
+# The variable workload: mean output length exactly 128, as the uniform one. The probabilities
 # are whole counts in every 20 requests (4, 4, 3, 3, 3, 1, 1, 1), whose lengths add up to 20 x 128.
 VARIABLE_LENGTHS = (8, 16, 32, 64, 128, 256, 512, 1024)
 VARIABLE_PROBS = (0.20, 0.20, 0.15, 0.15, 0.15, 0.05, 0.05, 0.05)
@@ -79,7 +79,7 @@ def variable_lengths(n: int, seed: int) -> list[int]:
 
 
 def slot_time(kind: str, n: int, prompt_tokens: int = 32, seed: int = 0) -> list[RequestSpec]:
-    """The seed's capacity-16 experiment: all requests queued at t=0 (the queue never empties early)."""
+    """The stranded slot-time experiment at capacity 16: all requests queued at t=0 (the queue never empties early)."""
     if kind == "uniform":
         lengths = [128] * n
     elif kind == "variable":

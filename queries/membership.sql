@@ -1,5 +1,5 @@
 -- Batch membership and slots, from the run log: who held a slot in each iteration, what each slot
--- did, and the stranded slot-time behind the seed's static-versus-continuous table.
+-- did, and the stranded slot-time behind the static-versus-continuous table of the worked example.
 --
 -- A slot is one place of the batch's capacity (the sequence budget). In an iteration that ran a
 -- forward pass, each slot is working (its request ran tokens), held by a finished request (static

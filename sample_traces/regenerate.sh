@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate sample_traces/: the seed's worked example on the torch runner (CPU), captured with
+# Regenerate sample_traces/: the worked example (eight requests at once, seven stop at 32 tokens) on the torch runner (CPU), captured with
 # `itertrace profile` in static and in continuous mode. Needs Nsight Systems (scripts/setup.sh installs it).
 # Keeps per capture the report and the run directory; the database (15-25 MB) is made again with
 #   .venv/bin/itertrace ingest sample_traces/NAME/run sample_traces/NAME/report.nsys-rep --db NAME.duckdb

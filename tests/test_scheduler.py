@@ -1,4 +1,4 @@
-"""Exact checks of the seed's worked example and slot-time claims, on the simulated runner."""
+"""Exact checks of the worked example and slot-time claims, on the simulated runner."""
 from __future__ import annotations
 
 from collections import Counter
