@@ -91,8 +91,8 @@ SELECT text, phase, dense_rank() OVER (ORDER BY phase)::INTEGER AS phase_rank
 FROM names
 WHERE phase <> 'unattributed';
 
--- The host-phase leaves of the tracks' threads (see the notes at the top of this file); a leaf
--- still open when the capture stopped ends last.
+-- The host-phase leaves of the tracks' threads, those with device work (see the notes at the top of
+-- this file; what_if_overlap reads them too); a leaf still open when the capture stopped ends last.
 CREATE VIEW _host_gaps_leaves AS
 WITH
   phases AS (
@@ -107,7 +107,7 @@ WITH
     JOIN _host_gaps_phase_names AS n ON n.text = r.text
     WHERE r.range_kind = 'push_pop'
       AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
-      AND r.global_tid IN (SELECT global_tid FROM _host_gaps_unordered)
+      AND r.global_tid IN (SELECT global_tid FROM _iterations_device WHERE device_start_ns IS NOT NULL)
   )
 SELECT global_tid, start_ns, end_ns, phase_rank
 FROM phases

@@ -43,26 +43,11 @@ CREATE MACRO _what_if_overlap_hide() AS list_distinct(list_filter(
   list_transform(string_split(coalesce(getvariable('hide'), 'schedule,prepare'), ','), lambda name: trim(name)),
   lambda name: name <> ''));
 
--- Each distinct text of the mapping's push/pop ranges that matches the phase pattern, with its phase
--- name (as host_gaps_parts names phases; a range named `unattributed` is no phase). The texts go
--- through a list so that the pattern is worked out once per text, not once per range.
-CREATE VIEW _what_if_overlap_phase_names AS
-WITH
-  texts AS (
-    SELECT unnest(list(DISTINCT text)) AS text
-    FROM nvtx_ranges
-    WHERE range_kind = 'push_pop' AND (mapping_domain() IS NULL OR domain_name = mapping_domain())
-  ),
-  names AS (
-    SELECT text, mapping_phase_name(text) AS phase FROM texts WHERE regexp_matches(text, mapping_phase_pattern())
-  )
-SELECT text, phase FROM names WHERE phase <> 'unattributed';
-
 -- The phases to hide, each one a phase of this trace; a name that is none fails the query with a message.
 CREATE VIEW _what_if_overlap_hidden_phases AS
 WITH
   asked AS (SELECT unnest(_what_if_overlap_hide()) AS phase),
-  known AS (SELECT DISTINCT phase FROM _what_if_overlap_phase_names),
+  known AS (SELECT DISTINCT phase FROM _host_gaps_phase_names),
   listed AS (
     SELECT coalesce(nullif(array_to_string(list_slice(list(phase ORDER BY phase), 1, 12), ', ')
                            || CASE WHEN count(*) > 12 THEN ', ...' ELSE '' END, ''), 'none') AS phases
@@ -105,28 +90,13 @@ SELECT
   sum(first_in_run::INTEGER) OVER (PARTITION BY global_tid ORDER BY host_start_ns, step_range_id) - 1 AS run
 FROM busy;
 
--- The leaves of the tracks' threads (push/pop phase ranges that hold no other phase range, as in
--- host_gaps.sql) whose phase is hidden; a leaf still open when the capture stopped ends last.
+-- The leaves on the tracks' threads (host_gaps_parts's phase leaves: push/pop phase ranges that hold
+-- no other phase range; one still open when the capture stopped ends last) whose phase is hidden.
 CREATE VIEW _what_if_overlap_hidden_leaves AS
-WITH
-  phases AS (
-    SELECT
-      r.global_tid,
-      r.start_ns,
-      coalesce(r.end_ns, 9223372036854775807) AS end_ns,
-      n.phase,
-      lead(r.start_ns) OVER (PARTITION BY r.global_tid ORDER BY r.start_ns, r.end_ns DESC NULLS FIRST, r.range_id)
-        AS next_start_ns
-    FROM nvtx_ranges AS r
-    JOIN _what_if_overlap_phase_names AS n ON n.text = r.text
-    WHERE r.range_kind = 'push_pop'
-      AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
-      AND r.global_tid IN (SELECT global_tid FROM _what_if_overlap_periods)
-  )
-SELECT global_tid, start_ns, end_ns
-FROM phases
-WHERE (next_start_ns IS NULL OR next_start_ns >= end_ns)
-  AND phase IN (SELECT phase FROM _what_if_overlap_hidden_phases);
+SELECT l.global_tid, l.start_ns, l.end_ns
+FROM _host_gaps_leaves AS l
+WHERE l.phase_rank IN (
+  SELECT phase_rank FROM _host_gaps_phase_names WHERE phase IN (SELECT phase FROM _what_if_overlap_hidden_phases));
 
 -- Per period, the time of its hidden leaves outside its device interval. Periods on a track are
 -- disjoint, and so are leaves, so a leaf and a period overlap exactly when the leaf starts inside the
