@@ -193,11 +193,10 @@ def _is_create_table(statement: str) -> bool:
 
 def _refuse_other_captures(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     """An nsys capture fills the same tables: the two cannot share a database."""
-    tables = {name for (name,) in con.execute(
-        "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()").fetchall()}
-    schemas = {name for (name,) in con.execute(
-        "SELECT schema_name FROM duckdb_schemas() WHERE database_name = current_database()").fetchall()}
-    if tables & set(normalized_tables()) or "nsys" in schemas:
+    names = {name for (name,) in con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() UNION ALL "
+        "SELECT 'schema ' || schema_name FROM duckdb_schemas() WHERE database_name = current_database()").fetchall()}
+    if names & set(normalized_tables()) or "schema nsys" in names:
         raise UserError(f"{path}: a database holds nsys captures or PyTorch profiler traces, not both; "
                         "ingest each into its own database")
 
@@ -248,6 +247,7 @@ def _write_sources(con: duckdb.DuckDBPyConnection, sources: list[_Source]) -> No
             "SELECT source_no, coalesce(cat, ph), count(*) FROM _kineto_events GROUP BY ALL ORDER BY 1, 3 DESC, 2"
     ).fetchall():
         counts.setdefault(source_no, {})[cat] = n
+    rows: list[list[Any]] = []
     for s in sources:
         info = s.distributed
         meta = {k: v for k, v in s.meta.items() if k not in ("deviceProperties", "distributedInfo")}
@@ -258,13 +258,16 @@ def _write_sources(con: duckdb.DuckDBPyConnection, sources: list[_Source]) -> No
             shifts[s.source_no], s.range_domain, s.mark_names, sum(by_cat.values()), json.dumps(by_cat),
             json.dumps(info) if info else None, json.dumps(meta, default=str)])
         devices = s.meta.get("deviceProperties")
-        for device in devices if isinstance(devices, list) else []:
-            if not isinstance(device, dict):
-                continue
-            major, minor = device.get("computeMajor"), device.get("computeMinor")
-            con.execute("INSERT INTO kineto_devices VALUES (?, ?, ?, ?, ?, ?, ?)", [
-                s.source_no, _int(device.get("id")), _text(device.get("name")), _int(device.get("totalGlobalMem")),
-                f"{major}.{minor}" if major is not None else None, _int(device.get("numSms")), json.dumps(device)])
+        rows += [[s.source_no, _int(d.get("id")), _text(d.get("name")), _int(d.get("totalGlobalMem")),
+                  _capability(d), _int(d.get("numSms")), json.dumps(d)]
+                 for d in (devices if isinstance(devices, list) else []) if isinstance(d, dict)]
+    if rows:
+        con.executemany("INSERT INTO kineto_devices VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+
+
+def _capability(device: dict[str, Any]) -> str | None:
+    major, minor = device.get("computeMajor"), device.get("computeMinor")
+    return f"{major}.{minor}" if major is not None else None
 
 
 def _write_capture_meta(con: duckdb.DuckDBPyConnection, sources: list[_Source]) -> None:
