@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import multiprocessing
 import os
 import re
 import statistics
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 SAMPLE = Path(__file__).resolve().parents[1].parent / "shared" / "kineto_samples" / "resnet_v100_ns_rank0.json.gz"
@@ -34,6 +36,46 @@ JSON_LOAD = ("import gzip, json, sys; p = sys.argv[1]; "
              "f = gzip.open(p) if p.endswith('.gz') else open(p, 'rb'); print(len(json.load(f)['traceEvents']))")
 HTA_LOAD = ("import sys, time; from hta.trace_analysis import TraceAnalysis; t = time.perf_counter(); "
             "TraceAnalysis(trace_dir=sys.argv[1]); print(f'load {time.perf_counter() - t:.3f} s', file=sys.stderr)")
+# The ingest's own call, timed as HTA's is: after the imports, around the one call (the CLI's closing line
+# gives tenths of a second only).
+INGEST_CALL = ("import sys, time; from itertrace.ingest.api import ingest; t = time.perf_counter(); "
+               "ingest(sys.argv[2:], sys.argv[1]); print(f'load {time.perf_counter() - t:.3f} s', file=sys.stderr)")
+# The fixed costs the ingest cannot go below, each in a process of its own (see FLOOR in the docstring).
+FLOOR_STEPS = {
+    "interpreter start (python -c pass)": "pass",
+    "import duckdb": "import duckdb",
+    "imports of `itertrace ingest`": "import itertrace.ingest.api, itertrace.cli",
+}
+FLOOR_CALLS = """
+import gzip, os, sys, time, duckdb
+from itertrace.ingest.api import ingest
+from itertrace.ingest.kineto_json import split_trace
+from pathlib import Path
+sample, out = Path(sys.argv[1]), Path(sys.argv[2])
+def timed(label, work):
+    t = time.perf_counter(); work(); print(f"{label}\t{time.perf_counter() - t:.4f}")
+timed("gzip decompress of the sample", lambda: gzip.decompress(sample.read_bytes()))
+events = out / "floor-events.json"
+timed("split of the sample (decompress, copy the event array out)", lambda: split_trace(sample, events))
+columns = "{'ph': 'VARCHAR', 'cat': 'VARCHAR', 'name': 'VARCHAR', 'pid': 'JSON', 'tid': 'JSON', " \
+          "'ts': 'DECIMAL(22,3)', 'dur': 'DECIMAL(22,3)', 'id': 'JSON', 'args': 'JSON'}"
+con = duckdb.connect()
+timed("DuckDB read_json of the event array, counted only",
+      lambda: con.execute(f"SELECT count(*) FROM read_json('{events}', format='array', columns={columns})").fetchall())
+timed("DuckDB read_json of the event array into a table",
+      lambda: con.execute(f"CREATE TABLE e AS FROM read_json('{events}', format='array', columns={columns})"))
+db = out / "floor.duckdb"
+def empty_database():
+    db.unlink(missing_ok=True)
+    c = duckdb.connect(str(db), config={"storage_compatibility_version": "v1.0.0", "default_block_size": "65536"})
+    c.begin()
+    for i in range(14):
+        c.execute(f"CREATE TABLE t{i} (a BIGINT, b VARCHAR)")
+    c.commit(); c.execute("CHECKPOINT"); c.close()
+    duckdb.connect(str(db), read_only=True).close()
+timed("DuckDB file: create 14 tables, commit, checkpoint, close, reopen", empty_database)
+timed("ingest of a trace of 12 events (the sample's first ones)", lambda: ingest([out / "floor-tiny.json"], out / "t.duckdb"))
+"""
 _IDS = re.compile(rb'("(?:correlation|External id|id|Ev Idx)": )(\d+)')
 _TS = re.compile(rb'("ts": )(\d+)')
 
@@ -64,8 +106,8 @@ def _array_end(text: bytes, start: int) -> int:
     return len(decoded[:json.JSONDecoder().raw_decode(decoded, start)[1]].encode()) - 1
 
 
-def measure(argv: list[str]) -> tuple[float, float, str]:
-    """(wall s, peak RSS MB, stderr) of one command run to completion."""
+def measure(argv: list[str]) -> tuple[float, float, float, str]:
+    """(wall s, CPU s (user + system, all threads), peak RSS MB, stderr) of one command run to completion."""
     with tempfile.TemporaryFile("w+") as err:
         started = time.perf_counter()
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
@@ -75,7 +117,7 @@ def measure(argv: list[str]) -> tuple[float, float, str]:
         stderr = err.read()
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{argv[:4]} failed: {stderr.strip()[-400:]}")
-    return wall, usage.ru_maxrss / 1024, stderr
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, stderr
 
 
 def _reported(stderr: str, pattern: str) -> float | None:
@@ -93,14 +135,20 @@ def main(argv: list[str] | None = None) -> None:
     if not SAMPLE.is_file():
         raise SystemExit(f"{SAMPLE}: the Kineto sample is not there")
     args.out.mkdir(parents=True, exist_ok=True)
-    large, large_events = repeated(SAMPLE, args.copies, args.out / f"resnet_x{args.copies}.json")
-    half, half_events = repeated(SAMPLE, args.copies // 2, args.out / f"resnet_x{args.copies // 2}.json")
+    # Built in another process: a child started later inherits this one's resident memory in its peak RSS.
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        large, large_events = pool.submit(repeated, SAMPLE, args.copies, args.out / f"resnet_x{args.copies}.json").result()
+        half, half_events = pool.submit(repeated, SAMPLE, args.copies // 2,
+                                        args.out / f"resnet_x{args.copies // 2}.json").result()
+        pool.submit(_tiny_trace, args.out / "floor-tiny.json").result()
     hta_dir = args.out / "hta"
     hta_dir.mkdir(exist_ok=True)
     (hta_dir / SAMPLE.name).write_bytes(SAMPLE.read_bytes())
     ingest = [sys.executable, "-m", "itertrace.cli", "ingest", "--db"]
+    call = [sys.executable, "-c", INGEST_CALL]
     commands = {
         "itertrace ingest (sample)": [*ingest, str(args.out / "s.duckdb"), str(SAMPLE)],
+        "ingest() call (sample)": [*call, str(args.out / "c.duckdb"), str(SAMPLE)],
         "json.load (sample)": [sys.executable, "-c", JSON_LOAD, str(SAMPLE)],
         f"itertrace ingest (x{args.copies // 2})": [*ingest, str(args.out / "h.duckdb"), str(half)],
         f"itertrace ingest (x{args.copies})": [*ingest, str(args.out / "l.duckdb"), str(large)],
@@ -108,38 +156,64 @@ def main(argv: list[str] | None = None) -> None:
     }
     if args.hta_python:
         commands["HTA 0.5.0 TraceAnalysis (sample)"] = [args.hta_python, "-c", HTA_LOAD, str(hta_dir)]
-    results: dict[str, list[tuple[float, float, float | None]]] = {name: [] for name in commands}
+    results: dict[str, list[tuple[float, float, float, float | None]]] = {name: [] for name in commands}
     for _ in range(args.rounds):
         for name, command in commands.items():
-            wall, rss, stderr = measure(command)
-            inner = _reported(stderr, r"rows from .* in ([\d.]+) s") or _reported(stderr, r"load ([\d.]+) s")
-            results[name].append((wall, rss, inner))
+            wall, cpu, rss, stderr = measure(command)
+            results[name].append((wall, cpu, rss, _reported(stderr, r"load ([\d.]+) s")))
     with open("/proc/loadavg") as load:
         loadavg = " ".join(load.read().split()[:3])
     events = {"sample": 68_692, f"x{args.copies // 2}": half_events, f"x{args.copies}": large_events}
     print(f"sample {SAMPLE.name}; large trace {large.stat().st_size / 1e6:.0f} MB ({large_events:,} events), "
           f"half {half.stat().st_size / 1e6:.0f} MB; {args.rounds} rounds; load average {loadavg}")
-    print(f"{'command':34} {'wall s (median)':>16} {'inside s':>9} {'peak RSS MB':>12} {'events/s':>12}")
+    print(f"{'command':34} {'wall s':>7} {'CPU s':>6} {'in-call s':>9} {'peak RSS MB':>11} {'events/s':>11}  (medians)")
     medians = {}
     for name, runs in results.items():
-        wall = statistics.median(r[0] for r in runs)
-        inner = [r[2] for r in runs if r[2] is not None]
+        wall, cpu = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+        inner = [r[3] for r in runs if r[3] is not None]
         inside = statistics.median(inner) if inner else None
-        rss = max(r[1] for r in runs)
-        key = name.split("(")[1].rstrip(")")
-        rate = events[key] / (inside or wall)
-        medians[name] = (wall, inside)
-        print(f"{name:34} {wall:16.2f} {inside if inside is not None else float('nan'):9.2f} {rss:12.0f} {rate:12,.0f}")
+        rss = max(r[2] for r in runs)
+        rate = events[name.rsplit("(", 1)[1].rstrip(")")] / (inside or wall)
+        medians[name] = (wall, cpu, inside)
+        shown = f"{inside:9.2f}" if inside is not None else f"{'':9}"
+        print(f"{name:34} {wall:7.2f} {cpu:6.2f} {shown} {rss:11.0f} {rate:11,.0f}")
     big, small = medians[f"itertrace ingest (x{args.copies})"], medians[f"itertrace ingest (x{args.copies // 2})"]
-    print(f"ingest x{args.copies} / x{args.copies // 2}: {big[0] / small[0]:.2f} (wall), "
-          f"{(big[1] or big[0]) / (small[1] or small[0]):.2f} (inside); "
+    print(f"ingest x{args.copies} / x{args.copies // 2}: {big[0] / small[0]:.2f} (wall); "
           f"json.load / ingest at x{args.copies}: {medians[f'json.load (x{args.copies})'][0] / big[0]:.2f}")
     if args.hta_python:
-        hta = medians["HTA 0.5.0 TraceAnalysis (sample)"]
-        ours = medians["itertrace ingest (sample)"]
-        print(f"HTA load / itertrace ingest of the sample: {hta[1] / ours[1]:.1f} (inside each: HTA's TraceAnalysis "
-              f"call, itertrace's ingest), {hta[0] / ours[0]:.1f} (whole processes)")
-    (args.out / "bench_kineto.json").write_text(json.dumps({"load_average": loadavg, "results": results}, indent=2))
+        hta, whole, call = (medians[k] for k in ("HTA 0.5.0 TraceAnalysis (sample)", "itertrace ingest (sample)",
+                                                  "ingest() call (sample)"))
+        print(f"HTA / itertrace on the sample: {hta[2] / call[2]:.1f}x in-call (TraceAnalysis() vs ingest()), "
+              f"{hta[0] / whole[0]:.1f}x whole process (wall), {hta[1] / whole[1]:.1f}x whole process (CPU)")
+    floor = _floor(args.out, args.rounds)
+    (args.out / "bench_kineto.json").write_text(json.dumps({"load_average": loadavg, "results": results,
+                                                            "floor": floor}, indent=2))
+
+
+def _floor(out: Path, rounds: int) -> dict[str, float]:
+    """The fixed costs (median seconds of `rounds` runs), printed: interpreter start, imports, the gzip and
+    JSON decode of the sample, an empty DuckDB file's create/checkpoint/reopen, a near-empty ingest."""
+    runs: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for label, code in FLOOR_STEPS.items():
+            runs.setdefault(label, []).append(measure([sys.executable, "-c", code])[0])
+        done = subprocess.run([sys.executable, "-c", FLOOR_CALLS, str(SAMPLE), str(out)], check=True,
+                              capture_output=True, text=True)
+        for line in done.stdout.splitlines():
+            label, seconds = line.split("\t")
+            runs.setdefault(label, []).append(float(seconds))
+    floor = {label: statistics.median(values) for label, values in runs.items()}
+    print("fixed costs (median s):")
+    for label, seconds in floor.items():
+        print(f"  {label:62} {seconds:6.3f}")
+    return floor
+
+
+def _tiny_trace(path: Path) -> None:
+    """The sample's top-level keys with its first 12 events: an ingest that does all its steps on almost no data."""
+    document = json.loads(gzip.decompress(SAMPLE.read_bytes()))
+    document["traceEvents"] = document["traceEvents"][:12]
+    path.write_text(json.dumps(document))
 
 
 if __name__ == "__main__":
