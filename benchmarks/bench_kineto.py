@@ -1,19 +1,55 @@
 """Benchmark (not a test): ingest of PyTorch profiler (Kineto) traces, beside json.load and Holistic Trace Analysis.
 
 Measures, each command in its own process and the commands taken in turn for ROUNDS rounds (so that a
-busy spell of the machine falls on all of them alike), wall time and peak RSS (wait4) of:
+busy spell of the machine falls on all of them alike), wall time, CPU time (user + system, every
+thread) and peak RSS (wait4) of:
 
-- `itertrace ingest resnet_v100_ns_rank0.json.gz` (68,692 events), and the seconds the ingest itself
-  reports (its closing line: the part after Python and the imports have started);
+- `itertrace ingest resnet_v100_ns_rank0.json.gz` (68,692 events), the whole command;
+- the `ingest()` call on the same file in a process of its own, timed after the imports, as HTA's
+  call is (the command's closing line gives tenths of a second only);
 - `json.load` of the same file (gzip included), the least any Python reader of it does;
 - Holistic Trace Analysis's `TraceAnalysis(trace_dir=...)` on it, when `--hta-python` names a Python
   that has HolisticTraceAnalysis installed (it is no dependency of this project: make a throwaway venv);
 - the same sample repeated COPIES times with shifted times and ids, as one large uncompressed trace
-  (313 MB at 20 copies), and at half that size, to show the ingest linear in the size:
-  `itertrace ingest` (and its events/s), and `json.load`.
+  (315 MB at 20 copies), and at half that size, to show the ingest linear in the size:
+  `itertrace ingest` (and its events/s), and `json.load`;
+- the fixed costs (FLOOR below).
 
 Usage: python benchmarks/bench_kineto.py [--copies 20] [--rounds 3] [--hta-python /tmp/hta/bin/python]
        [--out DIR] (or python benchmarks/bench_ingest.py --kineto ...)
+
+Floor
+-----
+The target of 10x HTA on the sample is out of reach with a DuckDB file as the result. Measured on a
+2-core machine shared with other work (two runs of 3 rounds, load average 4.6 and 8.9; wall times
+stretch with the load, CPU times much less):
+
+- HTA's TraceAnalysis() takes 1.22 and 3.29 s (1.97-2.11 s CPU for its whole process); the ingest()
+  call 0.59 and 1.78 s, 1.8-2.1x less; the whole `itertrace ingest` 2.1-2.2x less wall and 1.9-2.0x
+  less CPU (0.97-1.10 s).
+- What an ingest of 12 events costs (nothing to read, every step taken): 0.34-0.40 s wall; in one
+  process, 0.19-0.24 s CPU of the sample's 0.52-0.58 s. In it, DuckDB starts its engine four times
+  when the --db file exists (as in every round here), twice otherwise, each 15-26 ms CPU (about 50 ms
+  wall when loaded): the database being built, the lock probe of the existing file before and after
+  (itertrace/targets.py), and the read-only reopen that checks the written file (ingest/api.py). The
+  ~170 COMMENT ON statements take 0.035-0.06 s, the dozen INSERTs of kineto.sql 0.06-0.14 s, most of
+  it DuckDB's planning at this size; CHECKPOINT 0.02-0.04 s.
+- Per event (profile of the sample, CPU): the staging INSERT 0.16 s, of which DuckDB's read_json of the
+  array 0.07 s (0.023 s just to count it) and casts and json_extract 0.05 s; the split of the file 0.07 s,
+  of which gzip 0.03 s; the INSERTs of kineto.sql 0.1 s.
+- Before the call: interpreter start 0.07 s, `import duckdb` 0.12-0.31 s, every import of the command
+  0.61-0.79 s, of which pyarrow and numpy are 40%: the nsys and run-directory loaders need them, a
+  Kineto ingest does not.
+
+So the least in-call time of this design is about 0.2 s CPU (gzip 0.03, DuckDB's parse 0.07, one engine
+start 0.02, create + commit + checkpoint 0.05-0.07, the SQL 0.05), 6x under HTA's call (1.1-1.2 s CPU), and
+the least whole command about 0.45 s. The design that would get there: one DuckDB engine per ingest,
+ATTACHing the file it builds and probing the target's lock and re-reading the result through the same
+engine (saves three engine starts); loaders registered by module name and imported only when one claims a
+source (saves pyarrow and numpy for a Kineto ingest).
+
+The 315 MB trace: 6.2-6.4 s CPU, 12.8-16.3 s wall under that load, 84,000-107,000 events/s, peak RSS
+562-611 MB (json.load: 1,608 MB); x20 / x10 took 1.8-1.9x the CPU (1.8-2.6x the wall).
 """
 from __future__ import annotations
 
