@@ -110,7 +110,8 @@ def empty_database():
     c.commit(); c.execute("CHECKPOINT"); c.close()
     duckdb.connect(str(db), read_only=True).close()
 timed("DuckDB file: create 14 tables, commit, checkpoint, close, reopen", empty_database)
-timed("ingest of a trace of 12 events (the sample's first ones)", lambda: ingest([out / "floor-tiny.json"], out / "t.duckdb"))
+timed("ingest of a trace of 12 events (the sample's first ones)",
+      lambda: ingest([out / "floor-tiny.json"], out / "t.duckdb"))
 """
 _IDS = re.compile(rb'("(?:correlation|External id|id|Ev Idx)": )(\d+)')
 _TS = re.compile(rb'("ts": )(\d+)')
@@ -173,7 +174,8 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     # Built in another process: a child started later inherits this one's resident memory in its peak RSS.
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        large, large_events = pool.submit(repeated, SAMPLE, args.copies, args.out / f"resnet_x{args.copies}.json").result()
+        large, large_events = pool.submit(repeated, SAMPLE, args.copies,
+                                          args.out / f"resnet_x{args.copies}.json").result()
         half, half_events = pool.submit(repeated, SAMPLE, args.copies // 2,
                                         args.out / f"resnet_x{args.copies // 2}.json").result()
         pool.submit(_tiny_trace, args.out / "floor-tiny.json").result()

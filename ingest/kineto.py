@@ -88,8 +88,9 @@ class KinetoLoader:
     def finish(self, paths: list[Path], ctx: LoadContext) -> None:
         """Build the normalized tables and Kineto's own from every staged file.
 
-        The statements go to DuckDB a script at a time (the CREATEs, the INSERTs, the COMMENTs): each
-        call is a round trip through the Python binding and a transaction check.
+        The statements go to DuckDB a script at a time (the CREATEs, the INSERTs, the COMMENTs), read
+        from the SQL files once per process. Most of the time of a small trace goes to DuckDB itself
+        (benchmarks/bench_kineto.py, Floor): planning each INSERT, about 170 COMMENTs, the checkpoint.
         """
         con = ctx.con
         sql = _sql()
@@ -154,7 +155,6 @@ class _Sql:
     inserts: str  # kineto.sql's statements other than its CREATE TABLEs
     comments: str  # COMMENT ON for every table and column, and TABLE_NOTES
     count_rows: str  # one query: the rows of every table filled
-    own_tables: tuple[str, ...]
 
 
 @functools.cache
@@ -167,20 +167,15 @@ def _sql() -> _Sql:
     comments = [s for name in (*SQL_FILES, "kineto.sql") for s in comment_statements(sql_text(name))]
     comments += [f"COMMENT ON TABLE {table} IS {_literal(note)}" for table, note in TABLE_NOTES.items()]
     counts = " + ".join(f"(SELECT count(*) FROM {table})" for table in (*normalized_tables(), *own_tables))
-    return _Sql(next_source="CREATE TEMP TABLE IF NOT EXISTS _kineto_files (source_no INTEGER, source VARCHAR, meta JSON);"
-                            "SELECT count(*) + 1 FROM _kineto_files",
-                stage_create=stage[0],
-                stage_insert=stage[1], creates=_script(shared_creates + own_creates),
+    return _Sql(next_source="CREATE TEMP TABLE IF NOT EXISTS _kineto_files (source_no INTEGER, source VARCHAR, "
+                            "meta JSON); SELECT count(*) + 1 FROM _kineto_files",
+                stage_create=stage[0], stage_insert=stage[1], creates=_script(shared_creates + own_creates),
                 inserts=_script([s for s in own if s not in own_creates]), comments=_script(comments),
-                count_rows=f"SELECT {counts}", own_tables=own_tables)
+                count_rows=f"SELECT {counts}")
 
 
 def _script(parts: list[str]) -> str:
     return ";\n".join(parts) + ";"
-
-
-def _own_tables() -> list[str]:
-    return list(_sql().own_tables)
 
 
 def _code(statement: str) -> str:
