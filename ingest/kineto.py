@@ -7,6 +7,7 @@ rank, world size, schema version, metadata), `kineto_devices`, `kineto_cpu_ops`,
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,54 +66,49 @@ class KinetoLoader:
     def load(self, path: Path, ctx: LoadContext) -> None:
         """Stage the file's events and remember its top-level keys."""
         con = ctx.con
-        con.execute("CREATE TEMP TABLE IF NOT EXISTS _kineto_files (source_no INTEGER, source VARCHAR, meta JSON)")
-        source_no = con.execute("SELECT count(*) + 1 FROM _kineto_files").fetchall()[0][0]
+        source_no = con.execute(_sql().next_source).fetchall()[0][0]
         if source_no == 1:
-            con.execute(_stage_statements()[0])
+            con.execute(_sql().stage_create)
         events_file = ctx.workdir / f"kineto-{source_no}.events.json"
         ctx.progress.phase(f"reading {path.name}")
         split = split_trace(path, events_file)
         try:
-            con.execute(_stage_statements()[1], [str(events_file), source_no])
+            staged = con.execute(_sql().stage_insert, [str(events_file), source_no]).fetchall()[0][0]
         except (duckdb.InvalidInputException, duckdb.ConversionException) as exc:
             message = first_line(exc).split(" Error: ", 1)[-1]
             message = message.replace(f'in file "{events_file}"', "in traceEvents").replace(str(events_file), "traceEvents")
             raise UserError(f"{path}: not a readable trace ({message})") from None
         finally:
             events_file.unlink(missing_ok=True)
-        if not con.execute("SELECT count(*) FROM _kineto_events WHERE source_no = ?", [source_no]).fetchall()[0][0]:
+        if not staged:
             raise UserError(f"{path}: no trace events (no element of traceEvents has a ph field)")
         con.execute("INSERT INTO _kineto_files VALUES (?, ?, ?)",
                     [source_no, str(path.resolve()), json.dumps(split.meta, default=str)])
 
     def finish(self, paths: list[Path], ctx: LoadContext) -> None:
-        """Build the normalized tables and Kineto's own from every staged file."""
+        """Build the normalized tables and Kineto's own from every staged file.
+
+        The statements go to DuckDB a script at a time (the CREATEs, the INSERTs, the COMMENTs), read
+        from the SQL files once per process. Most of the time of a small trace goes to DuckDB itself
+        (benchmarks/bench_kineto.py, Floor): planning each INSERT, about 170 COMMENTs, the checkpoint.
+        """
         con = ctx.con
+        sql = _sql()
         _refuse_other_captures(con, paths[0])
         ctx.progress.phase("building the normalized tables from the traces")
         prefer_sort_based_joins(con)
         sources = _sources(con)
         _align_clocks(con, sources)
         _correlate_by_flows(con)
-        own = statements(sql_text("kineto.sql"))
-        creates = [s for s in own if _is_create_table(s)]
-        for statement in [s for name in SQL_FILES for s in statements(sql_text(name)) if _is_create_table(s)] + creates:
-            con.execute(statement)
+        con.execute(sql.creates)
         _write_sources(con, sources)
-        for statement in own:
-            if statement not in creates:
-                con.execute(statement)
+        con.execute(sql.inserts)
         _check_ids(con, paths)
         _write_capture_meta(con, sources)
-        for name in (*SQL_FILES, "kineto.sql"):
-            for statement in comment_statements(sql_text(name)):
-                con.execute(statement)
-        for table, note in TABLE_NOTES.items():
-            con.execute(f"COMMENT ON TABLE {table} IS {_literal(note)}")
-        ctx.rows_written += sum(con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
-                                for table in (*normalized_tables(), *_own_tables()))
-        for table in ("_kineto_annotations", "_kineto_threads", "_kineto_events", "_kineto_files"):
-            con.execute(f"DROP TABLE {table}")
+        con.execute(sql.comments)
+        ctx.rows_written += con.execute(sql.count_rows).fetchall()[0][0]
+        con.execute("DROP TABLE _kineto_annotations; DROP TABLE _kineto_threads; DROP TABLE _kineto_events; "
+                    "DROP TABLE _kineto_files")
 
 
 @dataclass(frozen=True)
@@ -148,12 +144,38 @@ class _Source:
         return declared if isinstance(declared, dict) else {}
 
 
-def _stage_statements() -> list[str]:
-    return statements(sql_text("kineto_stage.sql"))
+@dataclass(frozen=True)
+class _Sql:
+    """The ingest's SQL, read and split once per process, as the scripts `finish` runs."""
+
+    next_source: str  # the number of the file about to be staged (it creates the table of files)
+    stage_create: str  # the staging table of events
+    stage_insert: str  # one file's events into the staging table (parameters: events file, source number)
+    creates: str  # every table the ingest fills, normalized and Kineto's own
+    inserts: str  # kineto.sql's statements other than its CREATE TABLEs
+    comments: str  # COMMENT ON for every table and column, and TABLE_NOTES
+    count_rows: str  # one query: the rows of every table filled
 
 
-def _own_tables() -> list[str]:
-    return [_code(s).split()[2] for s in statements(sql_text("kineto.sql")) if _is_create_table(s)]
+@functools.cache
+def _sql() -> _Sql:
+    stage = statements(sql_text("kineto_stage.sql"))
+    own = statements(sql_text("kineto.sql"))
+    shared_creates = [s for name in SQL_FILES for s in statements(sql_text(name)) if _is_create_table(s)]
+    own_creates = [s for s in own if _is_create_table(s)]
+    own_tables = tuple(_code(s).split()[2] for s in own_creates)
+    comments = [s for name in (*SQL_FILES, "kineto.sql") for s in comment_statements(sql_text(name))]
+    comments += [f"COMMENT ON TABLE {table} IS {_literal(note)}" for table, note in TABLE_NOTES.items()]
+    counts = " + ".join(f"(SELECT count(*) FROM {table})" for table in (*normalized_tables(), *own_tables))
+    return _Sql(next_source="CREATE TEMP TABLE IF NOT EXISTS _kineto_files (source_no INTEGER, source VARCHAR, "
+                            "meta JSON); SELECT count(*) + 1 FROM _kineto_files",
+                stage_create=stage[0], stage_insert=stage[1], creates=_script(shared_creates + own_creates),
+                inserts=_script([s for s in own if s not in own_creates]), comments=_script(comments),
+                count_rows=f"SELECT {counts}")
+
+
+def _script(parts: list[str]) -> str:
+    return ";\n".join(parts) + ";"
 
 
 def _code(statement: str) -> str:
@@ -166,11 +188,10 @@ def _is_create_table(statement: str) -> bool:
 
 def _refuse_other_captures(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     """An nsys capture fills the same tables: the two cannot share a database."""
-    tables = {name for (name,) in con.execute(
-        "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()").fetchall()}
-    schemas = {name for (name,) in con.execute(
-        "SELECT schema_name FROM duckdb_schemas() WHERE database_name = current_database()").fetchall()}
-    if tables & set(normalized_tables()) or "nsys" in schemas:
+    names = {name for (name,) in con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() UNION ALL "
+        "SELECT 'schema ' || schema_name FROM duckdb_schemas() WHERE database_name = current_database()").fetchall()}
+    if names & set(normalized_tables()) or "schema nsys" in names:
         raise UserError(f"{path}: a database holds nsys captures or PyTorch profiler traces, not both; "
                         "ingest each into its own database")
 
@@ -221,6 +242,7 @@ def _write_sources(con: duckdb.DuckDBPyConnection, sources: list[_Source]) -> No
             "SELECT source_no, coalesce(cat, ph), count(*) FROM _kineto_events GROUP BY ALL ORDER BY 1, 3 DESC, 2"
     ).fetchall():
         counts.setdefault(source_no, {})[cat] = n
+    rows: list[list[Any]] = []
     for s in sources:
         info = s.distributed
         meta = {k: v for k, v in s.meta.items() if k not in ("deviceProperties", "distributedInfo")}
@@ -231,13 +253,16 @@ def _write_sources(con: duckdb.DuckDBPyConnection, sources: list[_Source]) -> No
             shifts[s.source_no], s.range_domain, s.mark_names, sum(by_cat.values()), json.dumps(by_cat),
             json.dumps(info) if info else None, json.dumps(meta, default=str)])
         devices = s.meta.get("deviceProperties")
-        for device in devices if isinstance(devices, list) else []:
-            if not isinstance(device, dict):
-                continue
-            major, minor = device.get("computeMajor"), device.get("computeMinor")
-            con.execute("INSERT INTO kineto_devices VALUES (?, ?, ?, ?, ?, ?, ?)", [
-                s.source_no, _int(device.get("id")), _text(device.get("name")), _int(device.get("totalGlobalMem")),
-                f"{major}.{minor}" if major is not None else None, _int(device.get("numSms")), json.dumps(device)])
+        rows += [[s.source_no, _int(d.get("id")), _text(d.get("name")), _int(d.get("totalGlobalMem")),
+                  _capability(d), _int(d.get("numSms")), json.dumps(d)]
+                 for d in (devices if isinstance(devices, list) else []) if isinstance(d, dict)]
+    if rows:
+        con.executemany("INSERT INTO kineto_devices VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+
+
+def _capability(device: dict[str, Any]) -> str | None:
+    major, minor = device.get("computeMajor"), device.get("computeMinor")
+    return f"{major}.{minor}" if major is not None else None
 
 
 def _write_capture_meta(con: duckdb.DuckDBPyConnection, sources: list[_Source]) -> None:
