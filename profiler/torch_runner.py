@@ -14,6 +14,7 @@ from itertrace.profiler.decode_inputs import DecodeInputs
 from itertrace.profiler.launcher import Launcher
 from itertrace.profiler.model import AttentionMetadata, ModelConfig, random_model
 from itertrace.profiler.sampling import Sampler
+from itertrace.profiler.scripted_decode import ScriptedDecode
 
 
 @dataclass
@@ -71,6 +72,7 @@ class TorchRunner:
         else:
             self.model = random_model(config or ModelConfig(), seed=seed, device=self.device)
         self.config = self.model.config
+        self._scripted = ScriptedDecode(self.model)  # all-decode batches on the CPU, without the GIL
         self.num_blocks, self.block_size, self.swap_blocks = num_blocks, block_size, swap_blocks
         c = self.config
         block_shape = (block_size, c.num_kv_heads, c.head_dim)
@@ -241,6 +243,9 @@ class TorchRunner:
         if prepared.placeholders is not None:
             raise ValueError("the batch's token ids hold placeholders: launch puts their tokens in, forward cannot")
         with torch.inference_mode():
+            if ScriptedDecode.handles(prepared.meta, self.device):
+                return self._scripted(prepared.input_ids, prepared.positions, self.layer_caches, prepared.meta,
+                                      prepared.sample_rows)
             if prepared.input_ids.numel():
                 hidden = self.model(prepared.input_ids, prepared.positions, self.layer_caches, prepared.meta)  # [T, H]
                 return self.model.compute_logits(hidden[prepared.sample_rows])  # [S, vocab]
