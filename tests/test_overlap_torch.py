@@ -105,6 +105,26 @@ def test_prepare_writes_into_the_inputs_no_forward_pass_reads():
     assert torch.equal(runner.collect(), want[1])
 
 
+def test_a_chained_launch_takes_the_greedy_tokens_of_the_one_before_on_the_device():
+    """Launched behind a forward pass in flight with no tokens given (`chains`: all rows greedy), a batch's
+    placeholders get that pass's argmax on the device thread: both give the logits of running them one after
+    the other with the tokens written in, and `sample` gives the argmax without the sampler."""
+    tables, ones = np.array([[0, 1], [2, 3]]), np.ones(2, dtype=np.int64)
+    first = decode_batch(0, [11, 12], [3, 2], tables, ones=ones)
+    plain = TorchRunner(SMALL, num_blocks=8, block_size=BLOCK, seed=6)
+    want_first = plain.forward(plain.prepare(first))
+    greedy = want_first.argmax(-1).tolist()
+    want_second = plain.forward(plain.prepare(decode_batch(1, [greedy[1], greedy[0]], [4, 3], tables, ones=ones)))
+    runner = TorchRunner(SMALL, num_blocks=8, block_size=BLOCK, seed=6)
+    assert runner.chains(first) and not runner.chains(replace(first, sampling=(SamplingParams(temperature=1.0),) * 2))
+    runner.launch(runner.prepare(first), SwapPlan(), None, _Where())
+    runner.launch(runner.prepare(decode_batch(1, [-2, -1], [4, 3], tables, ones=ones)), SwapPlan(), None, _Where())
+    got_first = runner.collect()
+    assert torch.equal(got_first, want_first)
+    assert runner.sample(first, got_first).tolist() == greedy
+    assert torch.equal(runner.collect(), want_second)
+
+
 def _torch_run(specs, cfg, *, overlap, num_blocks, block_size=4, swap_blocks=0, sampling=None, config=TINY):
     reqs = build_requests(specs, seed=5, sampling=sampling, ignore_eos=sampling is None)
     blocks = BlockManager(num_blocks, block_size, swap_blocks)
