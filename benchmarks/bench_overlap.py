@@ -7,7 +7,9 @@ machine's load falls on both modes alike. From each run:
 - throughput (tokens/s) and TPOT p50 (ms), from run.json's summary;
 - host-gap share: 1 - (union of the forward passes' intervals, device_start_ns..device_end_ns) / wall,
   wall being the first iteration's start_ns to the last one's end_ns, from iterations.parquet: the share
-  of the run in which the device computed nothing.
+  of the run in which the device computed nothing;
+- the medians of the gap between one forward pass's end and the next one's start, and of a forward pass
+  (us), which a few long stalls (another process holding the cores) sway less than the totals.
 The table gives each mode's median and range, and the ratio of the medians (on / off).
 
 Usage: python benchmarks/bench_overlap.py [--runs N] [--json] [-- RUN FLAGS ...]
@@ -28,24 +30,38 @@ import numpy as np
 import pyarrow.parquet as pq
 
 DEFAULT_FLAGS = ["--runner", "torch", "--workload", "worked-example", "--capacity", "8"]
-METRICS = ("throughput_tok_s", "tpot_ms_p50", "host_gap_share")
+METRICS = ("throughput_tok_s", "tpot_ms_p50", "host_gap_share", "gap_us_p50", "forward_us_p50")
 
 
-def host_gap_share(iterations: Path) -> float:
-    """1 - (union of the forward intervals) / (first start .. last end), from a run log's iterations.parquet."""
+def forward_intervals(iterations: Path) -> tuple[np.ndarray, np.ndarray, int]:
+    """The forward passes' (starts, ends) in start order, and the wall time (first start .. last end), in ns."""
     table = pq.read_table(iterations, columns=["start_ns", "end_ns", "device_start_ns", "device_end_ns"])
     cols = {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
     wall = int(cols["end_ns"].max() - cols["start_ns"].min())
     has = ~np.isnan(cols["device_start_ns"].astype(float))  # idle iterations have no forward pass
     starts, ends = cols["device_start_ns"][has].astype(np.int64), cols["device_end_ns"][has].astype(np.int64)
     order = np.argsort(starts)
+    return starts[order], ends[order], wall
+
+
+def host_gap_share(iterations: Path) -> float:
+    """1 - (union of the forward intervals) / (first start .. last end), from a run log's iterations.parquet."""
+    starts, ends, wall = forward_intervals(iterations)
     busy, reach = 0, None  # merge the intervals in start order
-    for s, e in zip(starts[order].tolist(), ends[order].tolist()):
+    for s, e in zip(starts.tolist(), ends.tolist()):
         if reach is None or s > reach:
             busy, reach = busy + (e - s), e
         elif e > reach:
             busy, reach = busy + (e - reach), e
     return 1.0 - busy / wall
+
+
+def median_gap_and_forward_us(iterations: Path) -> tuple[float, float]:
+    """Medians of the time from one forward pass's end to the next one's start (0 where they overlap), and of
+    a forward pass: less swayed than totals by a few stalls when other processes take the cores."""
+    starts, ends, _ = forward_intervals(iterations)
+    gaps = np.maximum(starts[1:] - np.maximum.accumulate(ends)[:-1], 0)
+    return float(np.median(gaps)) / 1e3, float(np.median(ends - starts)) / 1e3
 
 
 def one_run(flags: list[str], overlap: bool, out: Path) -> dict:
@@ -57,8 +73,10 @@ def one_run(flags: list[str], overlap: bool, out: Path) -> dict:
     if done.returncode:
         raise SystemExit(f"bench_overlap: {' '.join(cmd)} failed: {done.stderr.strip().splitlines()[-1:]}")
     summary = json.loads((out / "run.json").read_text())["summary"]
+    gap, forward = median_gap_and_forward_us(out / "iterations.parquet")
     return {"overlap": overlap, "throughput_tok_s": summary["throughput_tok_s"],
             "tpot_ms_p50": summary["tpot_ms_p50"], "host_gap_share": host_gap_share(out / "iterations.parquet"),
+            "gap_us_p50": gap, "forward_us_p50": forward,
             "output_tokens": summary["output_tokens"], "tokens_dropped": summary.get("tokens_dropped", 0)}
 
 
@@ -88,14 +106,14 @@ def summarize(rows: list[dict]) -> dict:
 
 def print_table(summary: dict, runs: int) -> None:
     print(f"{runs} runs each way, alternating; median [min - max]")
-    print(f"{'':18} {'without overlap':>28} {'with overlap':>28} {'on/off':>7}")
+    print(f"{'':18} {'without overlap':>30} {'with overlap':>30} {'on/off':>7}")
     for m in METRICS:
         cells = []
         for mode in ("off", "on"):
             s = summary[mode][m]
             fmt = (lambda v: f"{100 * v:.1f}%") if m == "host_gap_share" else (lambda v: f"{v:.4g}")
             cells.append(f"{fmt(s['median'])} [{fmt(s['min'])} - {fmt(s['max'])}]")
-        print(f"{m:18} {cells[0]:>28} {cells[1]:>28} {summary['ratio_on_off'][m]:>7.3f}")
+        print(f"{m:18} {cells[0]:>30} {cells[1]:>30} {summary['ratio_on_off'][m]:>7.3f}")
 
 
 def main() -> None:
