@@ -14,7 +14,7 @@ CUDA stay eager: a CUDA launch returns at once anyway.
 from __future__ import annotations
 
 import warnings
-from typing import List
+from typing import List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -66,12 +66,23 @@ def _attend(q: Tensor, k_cache: Tensor, v_cache: Tensor, blocks: Tensor, seq: Te
     return (out / total[..., None]).view(d, heads, hd)
 
 
+def _decode_keys(tables: Tensor, lens: Tensor, block_size: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """AttentionMetadata.decode_keys: the decodes' blocks as one flat list, the decode of each, and the keys
+    past each decode's context."""
+    held = torch.div(lens + block_size - 1, block_size, rounding_mode="floor")  # [D]
+    at = (torch.arange(tables.shape[1])[None, :] < held[:, None]).nonzero()  # [B, 2]: (decode, place)
+    seq, j = at[:, 0], at[:, 1]
+    past = (j * block_size)[:, None] + torch.arange(block_size)[None, :] >= lens[seq][:, None]  # [B, bs]
+    return tables[seq, j], seq, past
+
+
 def _decode_logits(input_ids: Tensor, positions: Tensor, slot_mapping: Tensor, decode_rows: Tensor,
-                   blocks: Tensor, seq: Tensor, past: Tensor, sample_rows: Tensor, inv_freq: Tensor,
+                   tables: Tensor, lens: Tensor, sample_rows: Tensor, inv_freq: Tensor,
                    embed: Tensor, layers: List[List[Tensor]], norm: Tensor, head: Tensor,
                    k_caches: List[Tensor], v_caches: List[Tensor], num_heads: int, num_kv_heads: int,
                    eps: float, block_size: int, chunk_blocks: int) -> Tensor:
     """Transformer.forward and compute_logits for a batch of decodes: logits [S, vocab]."""
+    blocks, seq, past = _decode_keys(tables, lens, block_size)
     x = F.embedding(input_ids, embed)  # [T, H]
     tokens, hd = x.shape[0], embed.shape[1] // num_heads
     freqs = positions.float()[:, None] * inv_freq[None, :]
@@ -112,6 +123,7 @@ class ScriptedDecode:
         exponent = torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim
         self.inv_freq = 1.0 / (c.rope_theta**exponent)
         self.config = c
+        self._caches: tuple | None = None  # the runner's per-layer (K, V) list, and its Ks and Vs as two lists
 
     @staticmethod
     def handles(meta: AttentionMetadata, device: torch.device) -> bool:
@@ -125,10 +137,11 @@ class ScriptedDecode:
             with warnings.catch_warnings():  # TorchScript is deprecated for new models, not removed
                 warnings.simplefilter("ignore", DeprecationWarning)
                 _SCRIPTED = torch.jit.script(_decode_logits)
-        blocks, seq, past = meta.decode_keys
+        if self._caches is None or self._caches[0] is not caches:
+            self._caches = (caches, [k for k, _ in caches], [v for _, v in caches])
         c = self.config
         with torch.jit.optimized_execution(False):  # the plain interpreter: the eager ops, no fusion
-            return _SCRIPTED(input_ids, positions, meta.slot_mapping, meta.decode_rows, blocks, seq, past,
-                             sample_rows, self.inv_freq, self.embed, self.layers, self.norm, self.head,
-                             [k for k, _ in caches], [v for _, v in caches], c.num_heads, c.num_kv_heads,
+            return _SCRIPTED(input_ids, positions, meta.slot_mapping, meta.decode_rows, meta.decode_block_tables,
+                             meta.decode_context_lens, sample_rows, self.inv_freq, self.embed, self.layers,
+                             self.norm, self.head, self._caches[1], self._caches[2], c.num_heads, c.num_kv_heads,
                              c.rms_norm_eps, meta.block_size, max(1, DECODE_CHUNK_KEYS // meta.block_size))
