@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -274,12 +275,13 @@ class TorchRunner:
         self._reading.append(self._prepared_in)
         on_cpu = self.device.type == "cpu"
 
-        def work() -> Tensor | tuple[Tensor, Tensor]:
+        def work(ready: Callable[[], None]) -> Tensor | tuple[Tensor, Tensor]:
             if chained:
                 tokens, self._device_tokens = self._device_tokens, None
                 self._put_tokens(prepared, None if tokens is None else tokens.numpy())
             if swap.swap_out or swap.swap_in:
                 self.swap(swap)
+            ready()  # the forward pass before this one may be collected now (see launcher._device_loop)
             logits = self._logits(prepared)
             if not on_cpu:
                 return logits
