@@ -13,9 +13,11 @@ torch runner on the CPU, when N's rows are all greedy: `chains`), N+1 is launche
     intake | schedule N+1 | prepare N+1 | launch N+1 | (wait for N) sample N | detokenize N | postprocess N
 
 and the device goes from N to N+1 without waiting for the host to wake up (on a busy machine a woken
-thread may wait milliseconds for a core). schedule N+1 sees N committed ahead of its tokens (Scheduler.commit_ahead):
-positions moved on, a placeholder for each token to come, and the requests that reach max_tokens in
-N finished, so no request is scheduled past its max_tokens. The placeholders in N+1's inputs become
+thread may wait milliseconds for a core).
+
+schedule N+1 sees N committed ahead of its tokens (Scheduler.commit_ahead): positions moved on, a
+placeholder for each token to come, and the requests that reach max_tokens in N finished, so no
+request is scheduled past its max_tokens. The placeholders in N+1's inputs become
 N's tokens when N+1 is launched (the runner puts them in). postprocess N puts N's tokens into the
 requests (Scheduler.commit_sampled): a request whose token is a stop token finishes in N and the
 token N+1 computes for it is dropped, as is the token of a request canceled while N ran; dropped
