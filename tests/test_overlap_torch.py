@@ -18,6 +18,7 @@ from itertrace.profiler.batch import Batch, SamplingParams, SwapPlan
 from itertrace.profiler.clock import WallClock
 from itertrace.profiler.engine import Engine
 from itertrace.profiler.kv import BlockManager
+from itertrace.profiler.launcher import Launcher
 from itertrace.profiler.model import ModelConfig
 from itertrace.profiler.request import Phase, PreemptKind
 from itertrace.profiler.scheduler import Scheduler, SchedulerConfig
@@ -123,6 +124,32 @@ def test_a_chained_launch_takes_the_greedy_tokens_of_the_one_before_on_the_devic
     assert torch.equal(got_first, want_first)
     assert runner.sample(first, got_first).tolist() == greedy
     assert torch.equal(runner.collect(), want_second)
+
+
+def test_a_result_is_known_once_the_pass_queued_behind_it_reaches_its_forward():
+    """On the CPU the device thread makes N's result known only when the work queued behind it calls the
+    function it is given (just before its forward pass), so the host never wakes while the device thread
+    still needs the GIL to start N+1; with nothing queued, at once."""
+    launcher, gate, events = Launcher(torch.device("cpu")), threading.Event(), []
+
+    def first(ready):
+        gate.wait()
+        return "first"
+
+    def second(ready):
+        events.append("second reaches its forward pass")
+        ready()
+        return "second"
+
+    launcher.launch(first, _Where(), None)
+    launcher.launch(second, _Where(), None)  # queued behind the first
+    gate.set()
+    assert launcher.collect() == "first"
+    events.append("first collected")
+    assert events == ["second reaches its forward pass", "first collected"]
+    assert launcher.collect() == "second"
+    with pytest.raises(RuntimeError, match="no forward pass was launched"):
+        launcher.collect()
 
 
 def _torch_run(specs, cfg, *, overlap, num_blocks, block_size=4, swap_blocks=0, sampling=None, config=TINY):
