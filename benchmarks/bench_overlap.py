@@ -9,7 +9,9 @@ machine's load falls on both modes alike. From each run:
   wall being the first iteration's start_ns to the last one's end_ns, from iterations.parquet: the share
   of the run in which the device computed nothing;
 - the medians of the gap between one forward pass's end and the next one's start, and of a forward pass
-  (us), which a few long stalls (another process holding the cores) sway less than the totals.
+  (us), which a few long stalls (another process holding the cores) sway less than the totals;
+- the process's CPU seconds per wall second (all of it, start-up included): well under the threads it
+  could keep busy means other processes hold the cores, and overlap cannot buy CPU time it is not given.
 The table gives each mode's median and range, and the ratio of the medians (on / off).
 
 Usage: python benchmarks/bench_overlap.py [--runs N] [--json] [-- RUN FLAGS ...]
@@ -20,17 +22,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 
 DEFAULT_FLAGS = ["--runner", "torch", "--workload", "worked-example", "--capacity", "8"]
-METRICS = ("throughput_tok_s", "tpot_ms_p50", "host_gap_share", "gap_us_p50", "forward_us_p50")
+METRICS = ("throughput_tok_s", "tpot_ms_p50", "host_gap_share", "gap_us_p50", "forward_us_p50", "cpu_per_wall")
 
 
 def forward_intervals(iterations: Path) -> tuple[np.ndarray, np.ndarray, int]:
@@ -69,14 +73,17 @@ def one_run(flags: list[str], overlap: bool, out: Path) -> dict:
     cmd = [sys.executable, "-m", "itertrace.cli", "run", *flags, "--out", str(out), "--format", "json"]
     if overlap:
         cmd.append("--overlap")
+    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
+    wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if done.returncode:
         raise SystemExit(f"bench_overlap: {' '.join(cmd)} failed: {done.stderr.strip().splitlines()[-1:]}")
     summary = json.loads((out / "run.json").read_text())["summary"]
     gap, forward = median_gap_and_forward_us(out / "iterations.parquet")
     return {"overlap": overlap, "throughput_tok_s": summary["throughput_tok_s"],
             "tpot_ms_p50": summary["tpot_ms_p50"], "host_gap_share": host_gap_share(out / "iterations.parquet"),
-            "gap_us_p50": gap, "forward_us_p50": forward,
+            "gap_us_p50": gap, "forward_us_p50": forward, "cpu_per_wall": cpu / wall,
             "output_tokens": summary["output_tokens"], "tokens_dropped": summary.get("tokens_dropped", 0)}
 
 
