@@ -18,10 +18,11 @@ GIL_SWITCH_S = 0.0005  # while a device thread lives: see Launcher._start_thread
 
 class Launcher:
     """Runs forward passes beside the host: on the CPU on a device thread (torch releases the GIL inside its
-    ops, a TorchScript call for all of them: see scripted_decode), on CUDA queued on a stream of its own, the logits copied back into pinned host memory behind an
-    event. `launch` returns once the work has started, or, on the CPU, once it is queued behind the one
-    running (at most two in flight there: the device thread then goes from one to the next without
-    waiting for the host); `collect` waits for the oldest one's result."""
+    ops, a TorchScript call for all of them: see scripted_decode), on CUDA queued on a stream of its own,
+    the logits copied back into pinned host memory behind an event. `launch` returns once the work has
+    started, or, on the CPU, once it is queued behind the one running (at most two in flight there: the
+    device thread then goes from one to the next without waiting for the host); `collect` waits for the
+    oldest one's result."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -68,7 +69,8 @@ class Launcher:
             return pending[0]
         return pending.result()
 
-    def _on_stream(self, work: Callable[[Callable[[], None]], Tensor], on_device: AbstractContextManager, keep: object) -> tuple:
+    def _on_stream(self, work: Callable[[Callable[[], None]], Tensor], on_device: AbstractContextManager,
+                   keep: object) -> tuple:
         """Queue the work after what the current stream holds (prepare's uploads), then the logits' copy."""
         if self._stream is None:
             self._stream, self._done = torch.cuda.Stream(self.device), torch.cuda.Event()
