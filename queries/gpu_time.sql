@@ -160,52 +160,27 @@ SELECT device_id, global_pid, start_ns, end_ns, end_ns - start_ns, kind, iterati
 FROM _gpu_time_idle
 ORDER BY device_id, global_pid, start_ns;
 
--- The parts of each idle span, unordered. One sweep per GPU through the starts and ends of its idle
--- spans and of its process's host intervals (host_activity.sql), in time order: between two
--- consecutive instants, whether an idle span is open (and which: the latest to start), and which host
--- intervals are in flight (a bit each; the lowest wins). The winner's range or call is then the latest
--- of its bit to start (one ASOF join, for the idle instants only); what no interval covers is left to
--- each span's unattributed part.
+-- The parts of each idle span, unordered. A GPU's idle spans are disjoint, and so are the pieces its
+-- process's host intervals won (host_activity.sql), so their intersection is two ASOF joins: a span
+-- starting inside a piece, or a piece starting inside a span. What no piece covers is left to each
+-- span's unattributed part.
 CREATE VIEW _gpu_idle_parts AS
 WITH
   idle AS MATERIALIZED (SELECT * FROM _gpu_time_idle),
-  intervals AS MATERIALIZED (
-    SELECT h.*, g.device_id FROM _host_activity_intervals AS h JOIN _gpu_time_gpus AS g USING (global_pid)
-  ),
-  deltas AS (
-    SELECT device_id, global_pid, start_ns AS ts, 1::BIGINT << bit AS host, 0 AS open FROM intervals
+  won AS MATERIALIZED (SELECT g.device_id, w.* FROM _host_activity_won AS w JOIN _gpu_time_gpus AS g USING (global_pid)),
+  pieces AS (
+    SELECT i.device_id, i.global_pid, i.start_ns, w.global_tid, w.cause_id, least(i.end_ns, w.end_ns) - i.start_ns AS dur_ns
+    FROM idle AS i
+    ASOF JOIN won AS w ON w.device_id = i.device_id AND w.global_pid = i.global_pid AND w.start_ns <= i.start_ns
+    WHERE i.start_ns < w.end_ns
     UNION ALL
-    SELECT device_id, global_pid, end_ns, -(1::BIGINT << bit), 0 FROM intervals
-    UNION ALL
-    SELECT device_id, global_pid, start_ns, 0, 1 FROM idle
-    UNION ALL
-    SELECT device_id, global_pid, end_ns, 0, -1 FROM idle
-  ),
-  swept AS (
-    -- a RANGE frame takes every delta of the instant, so each sum is the state just after it
-    SELECT
-      device_id,
-      global_pid,
-      ts,
-      lead(ts) OVER (PARTITION BY device_id, global_pid ORDER BY ts) AS next_ts,
-      sum(host) OVER w AS in_flight,
-      sum(open) OVER w AS idle_open,
-      max(CASE WHEN open = 1 THEN ts END) OVER w AS idle_start_ns
-    FROM deltas
-    WINDOW w AS (PARTITION BY device_id, global_pid ORDER BY ts RANGE UNBOUNDED PRECEDING)
-  ),
-  won AS (
-    SELECT device_id, global_pid, idle_start_ns, ts, next_ts - ts AS dur_ns,
-           bit_count((in_flight & -in_flight) - 1)::INTEGER AS bit
-    FROM swept
-    WHERE next_ts > ts AND idle_open = 1 AND in_flight <> 0
+    SELECT i.device_id, i.global_pid, i.start_ns, w.global_tid, w.cause_id, least(i.end_ns, w.end_ns) - w.start_ns
+    FROM won AS w
+    ASOF JOIN idle AS i ON i.device_id = w.device_id AND i.global_pid = w.global_pid AND i.start_ns < w.start_ns
+    WHERE w.start_ns < i.end_ns
   ),
   attributed AS (
-    SELECT w.device_id, w.global_pid, w.idle_start_ns AS start_ns, i.global_tid, i.cause_id, sum(w.dur_ns)::BIGINT AS dur_ns
-    FROM won AS w
-    ASOF JOIN intervals AS i
-      ON i.device_id = w.device_id AND i.global_pid = w.global_pid AND i.bit = w.bit AND i.start_ns <= w.ts
-    GROUP BY ALL
+    SELECT device_id, global_pid, start_ns, global_tid, cause_id, sum(dur_ns)::BIGINT AS dur_ns FROM pieces GROUP BY ALL
   ),
   covered AS (
     SELECT device_id, global_pid, start_ns, sum(dur_ns) AS dur_ns FROM attributed GROUP BY ALL

@@ -265,3 +265,30 @@ def test_random_captures_agree_with_the_plain_python_accounting(trace, tables):
         parts[device, kind, cause_kind, cause] += dur_ns
     assert +parts == Counter({(device, *key): ns for device, (_, _, causes) in reference.items()
                               for key, ns in causes.items()})
+
+
+# Seventy threads of one process, each with a leaf range and a launch call that overlap the next thread's;
+# thread 69 launches twice, so it ranks first among both the leaves and the calls, then 0, 1, ..., 68.
+def thread(i: int) -> int:
+    return TID_A - 100 + 1000 + i
+
+
+MANY_THREADS = merge(
+    {"nvtx_ranges": [push_pop(i + 1, "tokenize", 10 * i + 100, 10 * i + 120, tid=thread(i), domain=None)
+                     for i in range(70)]},
+    *(launch(i + 1, (10 * i + 1000, 10 * i + 1015), (2000, 2010), tid=thread(i)) for i in range(70)),
+    launch(71, (795, 796), (2000, 2010), tid=thread(69)))
+
+
+def test_seventy_threads_all_take_part_in_rank_order(trace):
+    trace.load(MANY_THREADS)
+    span = (0, PID_100, 100, 2000, "outside", None)
+    launched = {0: 15, 68: 5, 69: 15} | {i: 10 for i in range(1, 68)}  # thread 69 beats 68 where they overlap
+    leaves = {0: 20, 69: 20} | {i: 10 for i in range(1, 68)}  # 68's leaf lies under 67's and 69's
+    assert trace.query("gpu_idle_parts", GENERIC) == (
+        [(*span, "cuda_launch", LAUNCH, thread(i), launched[i]) for i in range(70)]
+        + [(*span, "nvtx", "tokenize", thread(i), leaves[i]) for i in sorted(leaves)]
+        + [(*span, "unattributed", "unattributed", None, 190 + 295)])  # [810, 1000) and [1705, 2000)
+    assert trace.query("host_activity", GENERIC)[:3] == [(PID_100, 100, 110, thread(0), "nvtx", "tokenize"),
+                                                          (PID_100, 110, 120, thread(0), "nvtx", "tokenize"),
+                                                          (PID_100, 120, 130, thread(1), "nvtx", "tokenize")]
