@@ -292,3 +292,53 @@ def test_seventy_threads_all_take_part_in_rank_order(trace):
     assert trace.query("host_activity", GENERIC)[:3] == [(PID_100, 100, 110, thread(0), "nvtx", "tokenize"),
                                                           (PID_100, 110, 120, thread(0), "nvtx", "tokenize"),
                                                           (PID_100, 120, 130, thread(1), "nvtx", "tokenize")]
+
+
+# Random captures with many threads of one process: each has a few leaf ranges side by side and a few calls
+# (some launching work on one of two GPUs), placed so that threads overlap one another often. Every
+# thread's leaves and calls have names of their own, so the causes tell which thread won.
+def letters(i: int) -> str:
+    """i in letters, one for each digit (the generic preset writes digits in a phase name as #)."""
+    return "".join(chr(ord("a") + int(d)) for d in str(i))
+
+
+@st.composite
+def many_threads(draw):
+    tables: dict[str, list[dict]] = {"nvtx_ranges": [], "cuda_api": [], "gpu_ops": [], "nvtx_gpu_projection": []}
+    range_id, n = 0, 0
+    for i in range(draw(st.integers(1, 70))):
+        t = draw(st.integers(0, 40))
+        for _ in range(draw(st.integers(0, 2))):
+            t += draw(st.integers(0, 5))
+            range_id += 1
+            end = t + draw(st.integers(1, 15))
+            tables["nvtx_ranges"].append(push_pop(range_id, "phase_" + letters(i), t, end, tid=thread(i), domain=None))
+            t = end
+        t = draw(st.integers(0, 40))
+        for _ in range(draw(st.integers(0, 2))):
+            n += 1
+            start, end = t + draw(st.integers(0, 5)), t + draw(st.integers(6, 20))
+            name = draw(st.sampled_from([LAUNCH, SYNC]))
+            tables["cuda_api"].append(call(n, start, end, f"{name}_t{i}", tid=thread(i)))
+            if draw(st.booleans()):
+                gpu_start = draw(st.integers(0, 60))
+                tables["gpu_ops"].append(op(n, gpu_start, gpu_start + draw(st.integers(1, 10)),
+                                            device=draw(st.integers(0, 1))))
+            t = end
+    if not tables["gpu_ops"]:
+        n += 1
+        tables["cuda_api"].append(call(n, 0, 1, tid=thread(0)))
+        tables["gpu_ops"].append(op(n, 70, 75))
+    return tables
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(many_threads())
+def test_random_captures_with_many_threads_agree_with_the_plain_python_accounting(trace, tables):
+    trace.load(tables)
+    reference = expected(tables)
+    parts = Counter()
+    for device, _, _, _, kind, _, cause_kind, cause, _, dur_ns in trace.query("gpu_idle_parts", GENERIC):
+        parts[device, kind, cause_kind, cause] += dur_ns
+    assert +parts == Counter({(device, *key): ns for device, (_, _, causes) in reference.items()
+                              for key, ns in causes.items()})
