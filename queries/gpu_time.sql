@@ -169,30 +169,34 @@ WITH
   idle AS MATERIALIZED (SELECT * FROM _gpu_time_idle),
   won AS MATERIALIZED (SELECT g.device_id, w.* FROM _host_activity_won AS w JOIN _gpu_time_gpus AS g USING (global_pid)),
   pieces AS (
-    SELECT i.device_id, i.global_pid, i.start_ns, w.global_tid, w.cause_id, least(i.end_ns, w.end_ns) - i.start_ns AS dur_ns
+    SELECT i.*, w.global_tid, w.cause_id, least(i.end_ns, w.end_ns) - i.start_ns AS part_ns
     FROM idle AS i
     ASOF JOIN won AS w ON w.device_id = i.device_id AND w.global_pid = i.global_pid AND w.start_ns <= i.start_ns
     WHERE i.start_ns < w.end_ns
     UNION ALL
-    SELECT i.device_id, i.global_pid, i.start_ns, w.global_tid, w.cause_id, least(i.end_ns, w.end_ns) - w.start_ns
+    SELECT i.*, w.global_tid, w.cause_id, least(i.end_ns, w.end_ns) - w.start_ns
     FROM won AS w
     ASOF JOIN idle AS i ON i.device_id = w.device_id AND i.global_pid = w.global_pid AND i.start_ns < w.start_ns
     WHERE w.start_ns < i.end_ns
   ),
-  attributed AS (
-    SELECT device_id, global_pid, start_ns, global_tid, cause_id, sum(dur_ns)::BIGINT AS dur_ns FROM pieces GROUP BY ALL
+  attributed AS MATERIALIZED (
+    SELECT device_id, global_pid, start_ns, global_tid, cause_id, any_value(end_ns) AS end_ns, any_value(kind) AS kind,
+           any_value(iteration) AS iteration, sum(part_ns)::BIGINT AS dur_ns
+    FROM pieces
+    GROUP BY device_id, global_pid, start_ns, global_tid, cause_id
   ),
   covered AS (
     SELECT device_id, global_pid, start_ns, sum(dur_ns) AS dur_ns FROM attributed GROUP BY ALL
-  )
-SELECT p.device_id, p.global_pid, p.start_ns, p.end_ns, p.kind, p.iteration, c.cause_kind, c.cause, a.global_tid,
-       a.dur_ns, 0 AS last
+  ),
+  -- each cause's place in (cause_kind, cause) order, so that the parts sort on integers
+  causes AS (SELECT *, row_number() OVER (ORDER BY cause_kind, cause)::INTEGER AS position FROM _host_activity_causes)
+SELECT a.device_id, a.global_pid, a.start_ns, a.end_ns, a.kind, a.iteration, c.cause_kind, c.cause, a.global_tid,
+       a.dur_ns, c.position
 FROM attributed AS a
-JOIN idle AS p USING (device_id, global_pid, start_ns)
-JOIN _host_activity_causes AS c ON c.cause_id = a.cause_id
+JOIN causes AS c ON c.cause_id = a.cause_id
 UNION ALL
 SELECT p.device_id, p.global_pid, p.start_ns, p.end_ns, p.kind, p.iteration, 'unattributed', 'unattributed', NULL,
-       (p.end_ns - p.start_ns - coalesce(c.dur_ns, 0))::BIGINT, 1
+       (p.end_ns - p.start_ns - coalesce(c.dur_ns, 0))::BIGINT, 2147483647
 FROM idle AS p
 LEFT JOIN covered AS c USING (device_id, global_pid, start_ns);
 
@@ -221,7 +225,7 @@ CREATE VIEW gpu_idle_parts (
 ) AS
 SELECT device_id, global_pid, start_ns, end_ns, kind, iteration, cause_kind, cause, global_tid, dur_ns
 FROM _gpu_idle_parts
-ORDER BY device_id, global_pid, start_ns, last, cause_kind, cause, global_tid;
+ORDER BY device_id, global_pid, start_ns, position, global_tid;
 
 -- Per GPU and process using it: the window split into busy and idle, and the idle by kind.
 CREATE VIEW gpu_time (

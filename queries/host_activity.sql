@@ -9,15 +9,14 @@
 -- call. On one thread each kind is disjoint.
 -- At an instant where several are in flight, one wins: an NVTX leaf over any API call, and among
 -- threads, the one that launched the most GPU work (then the lower global_tid). Threads are ranked
--- per process and per kind; each rank is a bit of a BIGINT, so at most 31 threads with leaves and 31
--- launching threads per process take part (the rest, ranked last, are left out).
+-- per process and per kind, and every thread takes part, however many there are.
 --
--- How it is computed without comparing intervals pairwise: every interval adds its bit (2^rank) at
--- its start and takes it off at its end. The running sum of those deltas, in time order per
--- process, is the set of intervals in flight between two consecutive instants (one per bit, since a
--- rank's intervals are disjoint), and its lowest set bit is the winner. The winning interval itself
--- is the latest of that rank to start at or before the piece (one sort-based ASOF join). Pieces are
--- cut at every start and end, so consecutive pieces may belong to the same interval.
+-- How it is computed without comparing intervals pairwise: per process and kind, where one thread has
+-- such intervals they are disjoint already and win as they are; where several do, a sweep in time
+-- order finds the winner between two consecutive instants (a running XOR of bit strings, a bit per
+-- thread). The API calls then count only where no leaf is: an intersection of two sets of disjoint
+-- intervals, done by two ASOF joins as host_gaps.sql does. host_activity cuts the winners at every
+-- start and end of any interval, so consecutive pieces may belong to the same interval.
 
 -- Threads ranked per process and kind: those with phase ranges (nvtx) and those that launched GPU
 -- work (cuda), the one that launched the most first, then by global_tid. Every thread takes part.
@@ -72,7 +71,9 @@ WHERE name IS NOT NULL;
 -- capture stopped runs to the last NVTX timestamp.
 CREATE VIEW _host_activity_intervals AS
 WITH
-  ranks AS MATERIALIZED (SELECT * FROM _host_activity_ranks),
+  ranks AS MATERIALIZED (
+    SELECT *, count(*) OVER (PARTITION BY global_pid, level)::INTEGER AS threads FROM _host_activity_ranks
+  ),
   last_ns AS (SELECT max(coalesce(end_ns, start_ns)) AS ts FROM nvtx_ranges),
   phases AS (
     SELECT
@@ -113,7 +114,7 @@ WITH
     UNION ALL
     SELECT *, 'cuda' FROM clipped
   )
-SELECT b.global_pid, b.global_tid, b.start_ns, b.end_ns, b.cause_id, b.level, k.rank
+SELECT b.global_pid, b.global_tid, b.start_ns, b.end_ns, b.cause_id, b.level, k.rank, k.threads
 FROM both_kinds AS b
 JOIN ranks AS k ON k.global_tid = b.global_tid AND k.level = b.level;
 
@@ -125,9 +126,7 @@ JOIN ranks AS k ON k.global_tid = b.global_tid AND k.level = b.level;
 -- winner. The winning interval is then the latest of that rank to start at or before the piece.
 CREATE VIEW _host_activity_level_won AS
 WITH
-  intervals AS MATERIALIZED (
-    SELECT *, max(rank) OVER (PARTITION BY global_pid, level) + 1 AS threads FROM _host_activity_intervals
-  ),
+  intervals AS MATERIALIZED (SELECT * FROM _host_activity_intervals),
   shared AS (SELECT * FROM intervals WHERE threads > 1),
   toggles AS (
     SELECT global_pid, level, start_ns AS ts, set_bit(bitstring('0', threads), rank, 1) AS toggle FROM shared
@@ -150,36 +149,43 @@ FROM won AS w
 ASOF JOIN shared AS i ON i.global_pid = w.global_pid AND i.level = w.level AND i.rank = w.rank AND i.start_ns <= w.ts;
 
 -- Per process, disjoint pieces of time, each with the interval that won it: the NVTX pieces, and the
--- CUDA pieces cut to where no leaf is. Where no leaf is (before the first, between two, after the
--- last) is itself a set of disjoint spans, so the cut is an intersection of two such sets: two ASOF
--- joins, a piece starting inside a span or a span starting inside a piece.
+-- CUDA pieces less the leaves. A call's piece first loses what the leaf in flight at its start covers
+-- (the latest leaf to start at or before it: one ASOF join), which most often is all of it; what is
+-- left loses the leaves that start inside it (the latest such rest to start at or before each leaf:
+-- another), and keeps the spans between them.
 CREATE VIEW _host_activity_won AS
 WITH
   levels AS MATERIALIZED (SELECT * FROM _host_activity_level_won),
   nvtx AS (SELECT global_pid, start_ns, end_ns, global_tid, cause_id FROM levels WHERE level = 'nvtx'),
   cuda AS (SELECT global_pid, start_ns, end_ns, global_tid, cause_id FROM levels WHERE level = 'cuda'),
-  bare AS (
-    SELECT global_pid, end_ns AS start_ns,
-           coalesce(lead(start_ns) OVER (PARTITION BY global_pid ORDER BY start_ns), 4611686018427387904) AS end_ns
-    FROM nvtx
-    UNION ALL
-    SELECT global_pid, -4611686018427387904, min(start_ns) FROM nvtx GROUP BY ALL
-    UNION ALL
-    SELECT DISTINCT global_pid, -4611686018427387904, 4611686018427387904 FROM cuda
-    WHERE global_pid NOT IN (SELECT global_pid FROM nvtx)
+  rests AS MATERIALIZED (
+    SELECT c.global_pid, greatest(c.start_ns, coalesce(n.end_ns, c.start_ns)) AS start_ns, c.end_ns, c.global_tid,
+           c.cause_id
+    FROM cuda AS c
+    ASOF LEFT JOIN nvtx AS n ON n.global_pid = c.global_pid AND n.start_ns <= c.start_ns
+    WHERE c.end_ns > coalesce(n.end_ns, c.start_ns)
   ),
-  no_leaf AS (SELECT * FROM bare WHERE end_ns > start_ns)
+  cuts AS (
+    SELECT r.global_pid, r.start_ns AS rest_ns, n.start_ns, n.end_ns
+    FROM nvtx AS n
+    ASOF JOIN rests AS r ON r.global_pid = n.global_pid AND r.start_ns <= n.start_ns
+    WHERE n.start_ns < r.end_ns
+  ),
+  spans AS (
+    SELECT global_pid, rest_ns, end_ns AS start_ns,
+           lead(start_ns) OVER (PARTITION BY global_pid, rest_ns ORDER BY start_ns) AS end_ns
+    FROM cuts
+    UNION ALL
+    SELECT global_pid, rest_ns, rest_ns, min(start_ns) FROM cuts GROUP BY ALL
+  )
 SELECT * FROM nvtx
 UNION ALL
-SELECT c.global_pid, c.start_ns, least(c.end_ns, f.end_ns), c.global_tid, c.cause_id
-FROM cuda AS c
-ASOF JOIN no_leaf AS f ON f.global_pid = c.global_pid AND f.start_ns <= c.start_ns
-WHERE c.start_ns < f.end_ns
+SELECT r.* FROM rests AS r ANTI JOIN cuts AS k ON k.global_pid = r.global_pid AND k.rest_ns = r.start_ns
 UNION ALL
-SELECT c.global_pid, f.start_ns, least(c.end_ns, f.end_ns), c.global_tid, c.cause_id
-FROM no_leaf AS f
-ASOF JOIN cuda AS c ON c.global_pid = f.global_pid AND c.start_ns < f.start_ns
-WHERE f.start_ns < c.end_ns;
+SELECT r.global_pid, s.start_ns, least(coalesce(s.end_ns, r.end_ns), r.end_ns), r.global_tid, r.cause_id
+FROM spans AS s
+JOIN rests AS r ON r.global_pid = s.global_pid AND r.start_ns = s.rest_ns
+WHERE least(coalesce(s.end_ns, r.end_ns), r.end_ns) > s.start_ns;
 
 -- Per process, disjoint pieces of time, each with the host interval that was in flight and won.
 CREATE VIEW host_activity (
