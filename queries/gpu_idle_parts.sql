@@ -1,4 +1,4 @@
--- GPU idle parts: each idle span of every GPU split by what the host of its process was doing meanwhile, and the idle time by cause.
+-- GPU idle parts: each idle span split by what the host of its process was doing, and idle time by cause.
 --
 -- Notes. The idle spans are gpu_time.sql's; each is split by the host activity of its process
 -- (host_activity.sql: an NVTX leaf range on any thread, else the CUDA API call in flight on a
@@ -12,7 +12,9 @@
 CREATE VIEW _gpu_idle_parts AS
 WITH
   idle AS MATERIALIZED (SELECT * FROM _gpu_time_idle),
-  won AS MATERIALIZED (SELECT g.device_id, w.* FROM _host_activity_won AS w JOIN _gpu_time_gpus AS g USING (global_pid)),
+  won AS MATERIALIZED (
+    SELECT g.device_id, w.* FROM _host_activity_won AS w JOIN _gpu_time_gpus AS g USING (global_pid)
+  ),
   pieces AS (
     SELECT i.*, w.global_tid, w.cause_id, least(i.end_ns, w.end_ns) - i.start_ns AS part_ns
     FROM idle AS i

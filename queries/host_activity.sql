@@ -42,7 +42,8 @@ SELECT t.global_pid, t.global_tid, 'nvtx' AS level,
          AS rank
 FROM leaf_threads AS t LEFT JOIN launches AS l USING (global_pid, global_tid)
 UNION ALL
-SELECT global_pid, global_tid, 'cuda', (row_number() OVER (PARTITION BY global_pid ORDER BY launches DESC, global_tid) - 1)::INTEGER
+SELECT global_pid, global_tid, 'cuda',
+       (row_number() OVER (PARTITION BY global_pid ORDER BY launches DESC, global_tid) - 1)::INTEGER
 FROM launches;
 
 -- The causes an interval can stand for, each with an id: the phases (ids 1, 2, ... as host_gaps
@@ -205,7 +206,9 @@ CREATE VIEW host_activity (
 WITH
   intervals AS MATERIALIZED (SELECT global_pid, start_ns, end_ns FROM _host_activity_intervals),
   instants AS (SELECT global_pid, start_ns AS ts FROM intervals UNION SELECT global_pid, end_ns FROM intervals),
-  cuts AS (SELECT global_pid, ts AS start_ns, lead(ts) OVER (PARTITION BY global_pid ORDER BY ts) AS end_ns FROM instants)
+  cuts AS (
+    SELECT global_pid, ts AS start_ns, lead(ts) OVER (PARTITION BY global_pid ORDER BY ts) AS end_ns FROM instants
+  )
 SELECT p.global_pid, p.start_ns, p.end_ns, w.global_tid, c.cause_kind, c.cause
 FROM cuts AS p
 ASOF JOIN _host_activity_won AS w ON w.global_pid = p.global_pid AND w.start_ns <= p.start_ns

@@ -1,4 +1,4 @@
-"""Diff tests of queries/gpu_time.sql and host_activity.sql: busy and idle per GPU, idle by kind and by host cause.
+"""Diff tests of queries/gpu_time.sql, gpu_idle_parts.sql and host_activity.sql: busy and idle per GPU, by cause.
 
 Each case is a handful of rows in the normalized tables and the exact rows expected; a property test
 checks random captures against the plain-Python accounting of gpu_time_reference.py.
