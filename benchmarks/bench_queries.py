@@ -22,7 +22,9 @@ machine disturbs less):
 - GPU time accounting, SQL only: `SELECT * FROM gpu_time` and `SELECT * FROM gpu_idle_parts`, after each
   `forward` range is given synthetic GPU work (three kernels on two streams and a stream synchronize,
   `_add_gpu_work`; the GPU projection stays empty, so gap attribution reads what it read before), timed
-  and measured for memory the same way and printed beside gap attribution's SQL.
+  and measured for memory the same way and printed beside gap attribution's SQL; with --before DIR
+  (another checkout's queries/ folder), both also with that SQL and with this checkout's, each run in a
+  fresh process, the two in turn.
 Both SQL results are fetched as Arrow tables. The pandas figures are given with the loading of its
 input DataFrames from DuckDB (`.df()`) and without it. Peak memory is measured apart, each computation
 once in a fresh `spawn` child process: its peak RSS (VmHWM, reset after imports and opening the database;
@@ -31,6 +33,7 @@ them), and that peak less the child's RSS just before the computation. The SQL a
 agree: row counts, column sums, every row (both sorted), with a sample of rows printed.
 
 Usage: python benchmarks/bench_queries.py [--iterations N] [--repeat R] [--threads T] [--keep DB] [--capture FILE]
+       [--before QUERIES_DIR]
 (--keep DB writes the database there and reuses it on a later run when it holds the same copies.)
 
 Measured at 1,000,448 iterations (2026-11-30), gap attribution by two ASOF joins (host_gaps.sql), which
@@ -41,12 +44,20 @@ DuckDB runs on all cores:
   against pandas alone); TTFT 0.03 and 0.02 s against 0.50 and 0.38 s (x16.1 and x16.2).
 - 2 cores (this development machine, load 0.5-1.7, --repeat 3): gap attribution SQL 6.48 s best (11.9
   CPU-s, peak 2.6 GiB) against pandas with loading 12.76 s: x2.0; TTFT 0.07 s against 0.75 s (x10.3).
-GPU time at 1,000,448 iterations (this 2-core machine, load 4.5-5.7, --repeat 2, one run): gpu_time 10.1 s
-best (5.0 CPU-s, peak 1.8 GiB), gpu_idle_parts 73.1 s best (38.2 CPU-s, 10,004,481 rows, peak 8.4 GiB) against
-gap attribution's 7.1 s (7.4 CPU-s, 2.7 GiB) in the same run: x1.4 and x10.3 in wall time, x0.7 and x5.1 in
-CPU time. gpu_idle_parts is one time-ordered sweep over 26M starts and ends (10M host intervals, 3M idle
-spans) and DuckDB holds the whole window input in memory: with `SET memory_limit = '2GB'` it spills and
-peaked at 2.2 GiB in 174 s (load 7-8) where it took 97 s unlimited.
+GPU time at 1,000,448 iterations (this 2-core machine, load 7.2-8.6, --repeat 2, one run, --before the
+queries/ of commit 7b1b69a, which ranked threads into the bits of a BIGINT and swept them): gpu_idle_parts
+56.0 s best wall (56.0 and 66.6; 26.7 CPU-s best) against 81.9 s (88.6 and 81.9; 37.4 CPU-s) with the
+SQL before, each run in a fresh process, in turn: x1.46 in wall time, x1.40 in CPU time; peak 8.7 GiB
+against 8.6 GiB, so no less memory. gpu_time 9.7 s against 10.4 s (4.6 against 4.7 CPU-s), the same
+SQL. In the same run, in one process: gpu_idle_parts 40.4 s best (24.4 CPU-s, 10,004,481 rows) against
+gap attribution's 8.0 s (7.1 CPU-s): x5.0 in wall time, x3.4 in CPU time (x10.3 and x5.1 before).
+The sweep over 26M starts and ends (10M host intervals, 3M idle spans) in one window is gone: one
+thread per process and kind passes its intervals through; each call loses the leaf in flight at its
+start by one ASOF join (here all of it); idle spans and winning pieces meet in two more. What is left
+is about even: the intervals' windows (leaves, clipped calls), the iterations' windows and ASOF joins
+behind the idle spans, the two ASOF joins of 3M spans against 6M pieces, grouping 7M parts, and
+sorting and returning 10M rows (EXPLAIN ANALYZE). The peak stays near 8.7 GiB: DuckDB holds the
+materialized intervals, pieces, spans and parts, and each ASOF join's sorted inputs, at once.
 
 The formulation before (one sort of a track's phase ranges and gaps, walked once with running windows
 over an empty OVER, which DuckDB evaluates on one thread) took half the CPU but did not scale: on the
@@ -602,6 +613,8 @@ def run(args: argparse.Namespace) -> None:
         print(f"ratio = pandas seconds / SQL seconds, best runs, at {iterations:,} iterations; target: at least 10.")
         floor(path, args, budget=results["gap attribution"][5].best / 10)
         gpu_time(path, args, gap_sql=results["gap attribution"][2])
+        if args.before:
+            compare_sql(path, args)
         print(f"Load average at the end: {_loadavg()}")
 
 
@@ -680,6 +693,49 @@ def gpu_time(path: Path, args: argparse.Namespace, gap_sql: Timing) -> None:
           f"{1:7.2f}x   (its SQL, above)")
 
 
+def _gpu_child(path: str, threads: int | None, sql: str, queries: str | None, queue) -> None:
+    """One run of `sql` in this fresh process, with the SQL modules of `queries` (a queries/ folder) if given."""
+    if queries:
+        from itertrace.queries import catalog
+
+        catalog.SQL_DIR = Path(queries)
+        catalog.modules.cache_clear()
+    db = open_db(Path(path), threads)
+    db.con.sql("SELECT 1").fetchall()
+    _reset_peak()
+    before = _rss_kb()
+    wall, cpu = time.perf_counter(), time.process_time()
+    rows = db.sql(sql).num_rows
+    queue.put((time.perf_counter() - wall, time.process_time() - cpu, (_peak_kb() - before) / 1024, _peak_kb() / 1024, rows))
+
+
+def compare_sql(path: Path, args: argparse.Namespace) -> None:
+    """gpu_time and gpu_idle_parts with the SQL of --before and with this checkout's, side by side.
+
+    Each run is a fresh process (so each has its own peak RSS), the two versions in turn, --repeat times.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    runs: dict[tuple[str, str], list[tuple]] = {}
+    for _ in range(args.repeat):
+        for name, sql in GPU_TIME.items():
+            for label, queries in (("before", str(args.before)), ("after", None)):
+                queue = ctx.Queue()
+                child = ctx.Process(target=_gpu_child, args=(str(path), args.threads, sql, queries, queue))
+                child.start()
+                out = queue.get()
+                child.join()
+                if child.exitcode != 0:
+                    raise SystemExit(f"{name} with the {label} SQL failed (exit {child.exitcode})")
+                runs.setdefault((name, label), []).append(out)
+    print(f"GPU time, the SQL of {args.before} (before) and of this checkout (after), each run in a fresh process, "
+          f"in turn, {args.repeat} runs each (wall s, CPU s, peak RSS MiB: best of the runs; rows):")
+    for (name, label), outs in runs.items():
+        walls, cpus, peaks = [o[0] for o in outs], [o[1] for o in outs], [o[3] for o in outs]
+        print(f"  {name:16} {label:6} wall {min(walls):6.2f} ({', '.join(f'{w:.2f}' for w in walls)})  "
+              f"CPU {min(cpus):6.2f} ({', '.join(f'{c:.2f}' for c in cpus)})  peak {min(peaks):6.0f} MiB  "
+              f"rows {outs[0][4]:,}")
+
+
 def _loadavg() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -692,6 +748,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="DuckDB threads (default: all cores)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="write the large database here and keep it (default: a temporary folder); reused when it exists")
+    parser.add_argument("--before", type=Path, default=None,
+                        help="another checkout's queries/ folder: time gpu_time and gpu_idle_parts with its SQL too, "
+                             "beside this checkout's (each run in a fresh process, in turn)")
     parser.add_argument("--capture", type=Path, default=SAMPLE / "report.nsys-rep",
                         help="the sample's capture: its report (default; needs nsys) or an export of it "
                              "(`nsys export --type arrow`), for a machine without nsys")

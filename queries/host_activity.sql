@@ -9,18 +9,17 @@
 -- call. On one thread each kind is disjoint.
 -- At an instant where several are in flight, one wins: an NVTX leaf over any API call, and among
 -- threads, the one that launched the most GPU work (then the lower global_tid). Threads are ranked
--- per process and per kind; each rank is a bit of a BIGINT, so at most 31 threads with leaves and 31
--- launching threads per process take part (the rest, ranked last, are left out).
+-- per process and per kind, and every thread takes part, however many there are.
 --
--- How it is computed without comparing intervals pairwise: every interval adds its bit (2^rank) at
--- its start and takes it off at its end. The running sum of those deltas, in time order per
--- process, is the set of intervals in flight between two consecutive instants (one per bit, since a
--- rank's intervals are disjoint), and its lowest set bit is the winner. The winning interval itself
--- is the latest of that rank to start at or before the piece (one sort-based ASOF join). Pieces are
--- cut at every start and end, so consecutive pieces may belong to the same interval.
+-- How it is computed without comparing intervals pairwise: per process and kind, where one thread has
+-- such intervals they are disjoint already and win as they are; where several do, a sweep in time
+-- order finds the winner between two consecutive instants (a running XOR of bit strings, a bit per
+-- thread). The API calls then count only where no leaf is: an intersection of two sets of disjoint
+-- intervals, done by two ASOF joins as host_gaps.sql does. host_activity cuts the winners at every
+-- start and end of any interval, so consecutive pieces may belong to the same interval.
 
 -- Threads ranked per process and kind: those with phase ranges (nvtx) and those that launched GPU
--- work (cuda), the one that launched the most first, then by global_tid; bit 0-30 and 31-61.
+-- work (cuda), the one that launched the most first, then by global_tid. Every thread takes part.
 CREATE VIEW _host_activity_ranks AS
 WITH
   processes AS (SELECT DISTINCT global_pid FROM gpu_ops),
@@ -37,19 +36,15 @@ WITH
     WHERE r.range_kind = 'push_pop'
       AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
       AND r.global_pid IN (SELECT global_pid FROM processes)
-  ),
-  ranked AS (
-    SELECT t.global_pid, t.global_tid, 'nvtx' AS level,
-           row_number() OVER (PARTITION BY t.global_pid ORDER BY coalesce(l.launches, 0) DESC, t.global_tid) - 1 AS rank
-    FROM leaf_threads AS t LEFT JOIN launches AS l USING (global_pid, global_tid)
-    UNION ALL
-    SELECT global_pid, global_tid, 'cuda',
-           row_number() OVER (PARTITION BY global_pid ORDER BY launches DESC, global_tid) - 1
-    FROM launches
   )
-SELECT global_pid, global_tid, level, (CASE level WHEN 'nvtx' THEN rank ELSE 31 + rank END)::INTEGER AS bit
-FROM ranked
-WHERE rank < 31;
+SELECT t.global_pid, t.global_tid, 'nvtx' AS level,
+       (row_number() OVER (PARTITION BY t.global_pid ORDER BY coalesce(l.launches, 0) DESC, t.global_tid) - 1)::INTEGER
+         AS rank
+FROM leaf_threads AS t LEFT JOIN launches AS l USING (global_pid, global_tid)
+UNION ALL
+SELECT global_pid, global_tid, 'cuda',
+       (row_number() OVER (PARTITION BY global_pid ORDER BY launches DESC, global_tid) - 1)::INTEGER
+FROM launches;
 
 -- The causes an interval can stand for, each with an id: the phases (ids 1, 2, ... as host_gaps
 -- ranks them) and, after them, the CUDA API functions, each classed once by its name.
@@ -72,12 +67,14 @@ SELECT
 FROM names
 WHERE name IS NOT NULL;
 
--- Every interval that takes part, with its bit and cause id: NVTX leaves, then each launching
+-- Every interval that takes part, with its level, rank and cause id: NVTX leaves, then each launching
 -- thread's calls clipped to what its earlier calls left uncovered. A leaf still open when the
 -- capture stopped runs to the last NVTX timestamp.
 CREATE VIEW _host_activity_intervals AS
 WITH
-  ranks AS MATERIALIZED (SELECT * FROM _host_activity_ranks),
+  ranks AS MATERIALIZED (
+    SELECT *, count(*) OVER (PARTITION BY global_pid, level)::INTEGER AS threads FROM _host_activity_ranks
+  ),
   last_ns AS (SELECT max(coalesce(end_ns, start_ns)) AS ts FROM nvtx_ranges),
   phases AS (
     SELECT
@@ -118,9 +115,78 @@ WITH
     UNION ALL
     SELECT *, 'cuda' FROM clipped
   )
-SELECT b.global_pid, b.global_tid, b.start_ns, b.end_ns, b.cause_id, k.bit
+SELECT b.global_pid, b.global_tid, b.start_ns, b.end_ns, b.cause_id, b.level, k.rank, k.threads
 FROM both_kinds AS b
 JOIN ranks AS k ON k.global_tid = b.global_tid AND k.level = b.level;
+
+-- Per process and level, disjoint pieces of time, each with the interval of that level that won it.
+-- A level with one thread needs nothing: its intervals are its pieces. Where several threads share a
+-- level, every interval toggles its rank's bit (of a bit string as long as the level has threads) at
+-- its start and at its end; the running XOR of those toggles, in time order, is the set of ranks in
+-- flight between two consecutive instants (a rank's intervals are disjoint), and its first set bit the
+-- winner. The winning interval is then the latest of that rank to start at or before the piece.
+CREATE VIEW _host_activity_level_won AS
+WITH
+  intervals AS MATERIALIZED (SELECT * FROM _host_activity_intervals),
+  shared AS (SELECT * FROM intervals WHERE threads > 1),
+  toggles AS (
+    SELECT global_pid, level, start_ns AS ts, set_bit(bitstring('0', threads), rank, 1) AS toggle FROM shared
+    UNION ALL
+    SELECT global_pid, level, end_ns, set_bit(bitstring('0', threads), rank, 1) FROM shared
+  ),
+  swept AS (
+    -- a RANGE frame takes every toggle of the instant, so each XOR is the state just after it
+    SELECT global_pid, level, ts,
+           lead(ts) OVER (PARTITION BY global_pid, level ORDER BY ts) AS next_ts,
+           bit_position('1'::BIT, bit_xor(toggle) OVER (PARTITION BY global_pid, level ORDER BY ts
+                                                        RANGE UNBOUNDED PRECEDING))::INTEGER - 1 AS rank
+    FROM toggles
+  ),
+  won AS (SELECT * FROM swept WHERE next_ts > ts AND rank >= 0)
+SELECT global_pid, level, start_ns, end_ns, global_tid, cause_id FROM intervals WHERE threads = 1
+UNION ALL
+SELECT w.global_pid, w.level, w.ts, w.next_ts, i.global_tid, i.cause_id
+FROM won AS w
+ASOF JOIN shared AS i ON i.global_pid = w.global_pid AND i.level = w.level AND i.rank = w.rank AND i.start_ns <= w.ts;
+
+-- Per process, disjoint pieces of time, each with the interval that won it: the NVTX pieces, and the
+-- CUDA pieces less the leaves. A call's piece first loses what the leaf in flight at its start covers
+-- (the latest leaf to start at or before it: one ASOF join), which most often is all of it; what is
+-- left loses the leaves that start inside it (the latest such rest to start at or before each leaf:
+-- another), and keeps the spans between them.
+CREATE VIEW _host_activity_won AS
+WITH
+  levels AS MATERIALIZED (SELECT * FROM _host_activity_level_won),
+  nvtx AS (SELECT global_pid, start_ns, end_ns, global_tid, cause_id FROM levels WHERE level = 'nvtx'),
+  cuda AS (SELECT global_pid, start_ns, end_ns, global_tid, cause_id FROM levels WHERE level = 'cuda'),
+  rests AS MATERIALIZED (
+    SELECT c.global_pid, greatest(c.start_ns, coalesce(n.end_ns, c.start_ns)) AS start_ns, c.end_ns, c.global_tid,
+           c.cause_id
+    FROM cuda AS c
+    ASOF LEFT JOIN nvtx AS n ON n.global_pid = c.global_pid AND n.start_ns <= c.start_ns
+    WHERE c.end_ns > coalesce(n.end_ns, c.start_ns)
+  ),
+  cuts AS (
+    SELECT r.global_pid, r.start_ns AS rest_ns, n.start_ns, n.end_ns
+    FROM nvtx AS n
+    ASOF JOIN rests AS r ON r.global_pid = n.global_pid AND r.start_ns <= n.start_ns
+    WHERE n.start_ns < r.end_ns
+  ),
+  spans AS (
+    SELECT global_pid, rest_ns, end_ns AS start_ns,
+           lead(start_ns) OVER (PARTITION BY global_pid, rest_ns ORDER BY start_ns) AS end_ns
+    FROM cuts
+    UNION ALL
+    SELECT global_pid, rest_ns, rest_ns, min(start_ns) FROM cuts GROUP BY ALL
+  )
+SELECT * FROM nvtx
+UNION ALL
+SELECT r.* FROM rests AS r ANTI JOIN cuts AS k ON k.global_pid = r.global_pid AND k.rest_ns = r.start_ns
+UNION ALL
+SELECT r.global_pid, s.start_ns, least(coalesce(s.end_ns, r.end_ns), r.end_ns), r.global_tid, r.cause_id
+FROM spans AS s
+JOIN rests AS r ON r.global_pid = s.global_pid AND r.start_ns = s.rest_ns
+WHERE least(coalesce(s.end_ns, r.end_ns), r.end_ns) > s.start_ns;
 
 -- Per process, disjoint pieces of time, each with the host interval that was in flight and won.
 CREATE VIEW host_activity (
@@ -138,28 +204,14 @@ CREATE VIEW host_activity (
   cause
 ) AS
 WITH
-  intervals AS MATERIALIZED (SELECT * FROM _host_activity_intervals),
-  deltas AS (
-    SELECT global_pid, start_ns AS ts, 1::BIGINT << bit AS delta FROM intervals
-    UNION ALL
-    SELECT global_pid, end_ns, -(1::BIGINT << bit) FROM intervals
-  ),
-  flying AS (
-    -- at each instant, the bits in flight after every delta of that instant (a RANGE frame takes its peers)
-    SELECT
-      global_pid,
-      ts,
-      lead(ts) OVER (PARTITION BY global_pid ORDER BY ts) AS next_ts,
-      sum(delta) OVER (PARTITION BY global_pid ORDER BY ts RANGE UNBOUNDED PRECEDING) AS in_flight
-    FROM deltas
-  ),
-  won AS (
-    SELECT global_pid, ts AS start_ns, next_ts AS end_ns, bit_count((in_flight & -in_flight) - 1)::INTEGER AS bit
-    FROM flying
-    WHERE next_ts > ts AND in_flight <> 0
+  intervals AS MATERIALIZED (SELECT global_pid, start_ns, end_ns FROM _host_activity_intervals),
+  instants AS (SELECT global_pid, start_ns AS ts FROM intervals UNION SELECT global_pid, end_ns FROM intervals),
+  cuts AS (
+    SELECT global_pid, ts AS start_ns, lead(ts) OVER (PARTITION BY global_pid ORDER BY ts) AS end_ns FROM instants
   )
-SELECT w.global_pid, w.start_ns, w.end_ns, i.global_tid, c.cause_kind, c.cause
-FROM won AS w
-ASOF JOIN intervals AS i ON i.global_pid = w.global_pid AND i.bit = w.bit AND i.start_ns <= w.start_ns
-JOIN _host_activity_causes AS c ON c.cause_id = i.cause_id
-ORDER BY w.global_pid, w.start_ns;
+SELECT p.global_pid, p.start_ns, p.end_ns, w.global_tid, c.cause_kind, c.cause
+FROM cuts AS p
+ASOF JOIN _host_activity_won AS w ON w.global_pid = p.global_pid AND w.start_ns <= p.start_ns
+JOIN _host_activity_causes AS c ON c.cause_id = w.cause_id
+WHERE p.end_ns IS NOT NULL AND w.end_ns > p.start_ns
+ORDER BY p.global_pid, p.start_ns;

@@ -1,4 +1,4 @@
-"""Diff tests of queries/gpu_time.sql and host_activity.sql: busy and idle per GPU, idle by kind and by host cause.
+"""Diff tests of queries/gpu_time.sql, gpu_idle_parts.sql and host_activity.sql: busy and idle per GPU, by cause.
 
 Each case is a handful of rows in the normalized tables and the exact rows expected; a property test
 checks random captures against the plain-Python accounting of gpu_time_reference.py.
@@ -260,6 +260,83 @@ def test_random_captures_agree_with_the_plain_python_accounting(trace, tables):
         device: (busy, kinds["within"], kinds["between"], kinds["outside"])
         for device, (busy, kinds, _) in reference.items()}
     assert all(r[5] == r[7] + r[8] == r[7] + r[9] + r[10] + r[11] for r in rows)  # parts add up to the window
+    parts = Counter()
+    for device, _, _, _, kind, _, cause_kind, cause, _, dur_ns in trace.query("gpu_idle_parts", GENERIC):
+        parts[device, kind, cause_kind, cause] += dur_ns
+    assert +parts == Counter({(device, *key): ns for device, (_, _, causes) in reference.items()
+                              for key, ns in causes.items()})
+
+
+# Seventy threads of one process, each with a leaf range and a launch call that overlap the next thread's;
+# thread 69 launches twice, so it ranks first among both the leaves and the calls, then 0, 1, ..., 68.
+def thread(i: int) -> int:
+    return TID_A - 100 + 1000 + i
+
+
+MANY_THREADS = merge(
+    {"nvtx_ranges": [push_pop(i + 1, "tokenize", 10 * i + 100, 10 * i + 120, tid=thread(i), domain=None)
+                     for i in range(70)]},
+    *(launch(i + 1, (10 * i + 1000, 10 * i + 1015), (2000, 2010), tid=thread(i)) for i in range(70)),
+    launch(71, (795, 796), (2000, 2010), tid=thread(69)))
+
+
+def test_seventy_threads_all_take_part_in_rank_order(trace):
+    trace.load(MANY_THREADS)
+    span = (0, PID_100, 100, 2000, "outside", None)
+    launched = {0: 15, 68: 5, 69: 15} | {i: 10 for i in range(1, 68)}  # thread 69 beats 68 where they overlap
+    leaves = {0: 20, 69: 20} | {i: 10 for i in range(1, 68)}  # 68's leaf lies under 67's and 69's
+    assert trace.query("gpu_idle_parts", GENERIC) == (
+        [(*span, "cuda_launch", LAUNCH, thread(i), launched[i]) for i in range(70)]
+        + [(*span, "nvtx", "tokenize", thread(i), leaves[i]) for i in sorted(leaves)]
+        + [(*span, "unattributed", "unattributed", None, 190 + 295)])  # [810, 1000) and [1705, 2000)
+    assert trace.query("host_activity", GENERIC)[:3] == [(PID_100, 100, 110, thread(0), "nvtx", "tokenize"),
+                                                          (PID_100, 110, 120, thread(0), "nvtx", "tokenize"),
+                                                          (PID_100, 120, 130, thread(1), "nvtx", "tokenize")]
+
+
+# Random captures with many threads of one process: each has a few leaf ranges side by side and a few calls
+# (some launching work on one of two GPUs), placed so that threads overlap one another often. Every
+# thread's leaves and calls have names of their own, so the causes tell which thread won.
+def letters(i: int) -> str:
+    """i in letters, one for each digit (the generic preset writes digits in a phase name as #)."""
+    return "".join(chr(ord("a") + int(d)) for d in str(i))
+
+
+@st.composite
+def many_threads(draw):
+    tables: dict[str, list[dict]] = {"nvtx_ranges": [], "cuda_api": [], "gpu_ops": [], "nvtx_gpu_projection": []}
+    range_id, n = 0, 0
+    for i in range(draw(st.integers(1, 70))):
+        t = draw(st.integers(0, 40))
+        for _ in range(draw(st.integers(0, 2))):
+            t += draw(st.integers(0, 5))
+            range_id += 1
+            end = t + draw(st.integers(1, 15))
+            tables["nvtx_ranges"].append(push_pop(range_id, "phase_" + letters(i), t, end, tid=thread(i), domain=None))
+            t = end
+        t = draw(st.integers(0, 40))
+        for _ in range(draw(st.integers(0, 2))):
+            n += 1
+            start, end = t + draw(st.integers(0, 5)), t + draw(st.integers(6, 20))
+            name = draw(st.sampled_from([LAUNCH, SYNC]))
+            tables["cuda_api"].append(call(n, start, end, f"{name}_t{i}", tid=thread(i)))
+            if draw(st.booleans()):
+                gpu_start = draw(st.integers(0, 60))
+                tables["gpu_ops"].append(op(n, gpu_start, gpu_start + draw(st.integers(1, 10)),
+                                            device=draw(st.integers(0, 1))))
+            t = end
+    if not tables["gpu_ops"]:
+        n += 1
+        tables["cuda_api"].append(call(n, 0, 1, tid=thread(0)))
+        tables["gpu_ops"].append(op(n, 70, 75))
+    return tables
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(many_threads())
+def test_random_captures_with_many_threads_agree_with_the_plain_python_accounting(trace, tables):
+    trace.load(tables)
+    reference = expected(tables)
     parts = Counter()
     for device, _, _, _, kind, _, cause_kind, cause, _, dur_ns in trace.query("gpu_idle_parts", GENERIC):
         parts[device, kind, cause_kind, cause] += dur_ns
