@@ -46,6 +46,9 @@ NO_TRACE = ("no Nsight Systems trace in the database: a simulated run has none; 
 NO_STEPS = ("its trace has no iteration (step) ranges that the mapping recognises (`itertrace mapping suggest --db "
             "FILE` ranks the ranges that could be one)")
 NO_LOG = "no engine run log in the database; ingest the run directory beside the trace"
+NO_DEVICE = ("its iterations have no device interval, so nothing lies between them: no GPU work was launched "
+             "inside its step ranges and no range stands for the device (a CPU-only trace names one with "
+             "`--param device_pattern=...`, e.g. '^forward$')")
 
 
 def _note(runs: list[RunData], reasons: dict[str, str | None]) -> NoteBlock | None:
@@ -81,6 +84,10 @@ def _gaps(runs: list[RunData]) -> Section:
     traced = [r for r in runs if r.has_trace]
     if note := _trace_note(runs):
         section.blocks.append(note)
+    gapless = {r.label for r in traced if not r.db.query("host_gaps_summary").num_rows}
+    if note := _note(runs, {r.label: NO_DEVICE if r.label in gapless else None for r in runs}):
+        section.blocks.append(note)  # empty tables and charts would say less than why they are empty
+    traced = [r for r in traced if r.label not in gapless]
     if not traced:
         return section
     section.blocks += [

@@ -217,7 +217,7 @@ def iteration_timeline_chart(iterations: TableLike, *, max_iterations: int = 200
         x=alt.X("start_ms:Q", title="time since the capture started (ms)",
                 scale=alt.Scale(domain=domain, zero=False, nice=False) if domain else alt.Scale(zero=False)),
         x2="end_ms:Q",
-        y=alt.Y("lane:N", sort=lanes, title=None),
+        y=alt.Y("lane:N", sort=lanes, title=None, axis=alt.Axis(labelLimit=0)),  # 'thread <global tid> device' in full
         color=alt.Color("lane:N", sort=lanes, legend=None,
                         scale=alt.Scale(domain=lanes, range=["#9ecae9" if "host" in s else "#4c78a8" for s in lanes])),
         tooltip=[alt.Tooltip("iteration:Q"), alt.Tooltip("lane:N"),

@@ -265,6 +265,9 @@ def _connect(path: Path, options: IngestOptions) -> duckdb.DuckDBPyConnection:
         quiet_progress(con)  # ours is on stderr
         return con
     except (duckdb.InvalidInputException, duckdb.ParserException) as exc:  # e.g. a memory limit it cannot parse
+        if options.memory_limit and memory_bytes(options.memory_limit) is None:  # the one setting a user gives
+            raise UserError(f"--memory-limit {options.memory_limit}: not a size, such as 512MB or 2GB "
+                            f"({first_line(exc)})") from None
         settings = ", ".join(f"{key}={value}" for key, value in config.items())
         raise UserError(f"DuckDB refused the settings {settings} ({first_line(exc)})")
 

@@ -172,6 +172,17 @@ def test_timeline_draws_host_and_device_lanes_and_opens_on_the_first_iterations(
     assert device[1]["start_ms"] - device[0]["end_ms"] == pytest.approx(2.0)  # the gap, left as white space
 
 
+def test_timeline_lane_labels_of_several_threads_are_never_cut():
+    """With two step threads a lane is named by its global tid and its kind ('thread 281477392629904 device'),
+    longer than Vega-Lite's default 180 px label limit: cut, the host and device lanes looked alike."""
+    tid = 281477392629904
+    two = pa.concat_tables([iterations_table(4, tid=tid), iterations_table(4, tid=tid + 1)])
+    (unit,) = units(iteration_timeline_chart(two).to_dict())
+    assert unit["encoding"]["y"]["sort"] == [f"thread {tid} host: step", f"thread {tid + 1} host: step",
+                                             f"thread {tid} device", f"thread {tid + 1} device"]
+    assert unit["encoding"]["y"]["axis"]["labelLimit"] == 0  # no limit
+
+
 def test_timeline_of_a_large_run_embeds_a_window():
     spec = iteration_timeline_chart(iterations_table(BIG), max_iterations=1000, first_iteration=5000).to_dict()
     data = rows(spec)

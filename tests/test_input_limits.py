@@ -81,6 +81,18 @@ def test_a_memory_limit_below_what_an_ingest_needs_is_refused(limit, tmp_path, c
     assert main(["ingest", str(run), "--db", str(tmp_path / "t.duckdb"), "--memory-limit", "64MiB", "--quiet"]) == 0
 
 
+def test_a_memory_limit_that_is_not_a_size_names_the_flag_alone(tmp_path, capsys):
+    """The line names --memory-limit and its value, not the storage settings the ingest adds for itself."""
+    run = tmp_path / "run"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["run", "--workload", "worked-example", "--out", str(run)]) == 0
+    line = refused(capsys, "ingest", str(run), "--db", str(tmp_path / "t.duckdb"), "--memory-limit", "lots")
+    assert line.startswith("itertrace: error: --memory-limit lots: not a size"), line
+    assert "block_size" not in line and "storage_compatibility" not in line, line
+    nothing_left(tmp_path)
+    assert not (tmp_path / "t.duckdb").exists()
+
+
 def test_running_out_of_memory_under_a_limit_says_which_limit(tmp_path, capsys, monkeypatch):
     from itertrace.ingest.loader import LoadContext
 
