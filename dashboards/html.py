@@ -49,6 +49,8 @@ nav ol { columns: 3; font-size: 13px; padding-left: 20px; }
 table { border-collapse: collapse; font-size: 12px; margin: 4px 0 6px; }
 th, td { padding: 3px 9px; border-bottom: 1px solid #e4e4e4; text-align: left; white-space: nowrap; }
 th { background: #f2f2f2; font-weight: 600; }
+/* long text (kernel names, causes, --param lines) wraps inside its cell instead of widening the page */
+td:not(.num) { white-space: normal; overflow-wrap: anywhere; max-width: 440px; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 tbody tr:nth-child(even) { background: #fafafa; }
 div.scroll { overflow-x: auto; }
