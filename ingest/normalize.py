@@ -6,6 +6,7 @@ from importlib import resources
 import duckdb
 
 from itertrace.ingest.adapters import create_raw_views, create_raw_views_over
+from itertrace.ingest.nesting import push_pop_nesting
 from itertrace.ingest.progress import Progress
 from itertrace.ingest.sqldoc import comment_statements, statements, table_docs
 
@@ -21,6 +22,8 @@ SQL_FILES = (
     "gpu_ops.sql",
     "nvtx_gpu_projection.sql",
 )
+# Relations the SQL reads that are computed in Python, each just before the statement that names it.
+PYTHON_RELATIONS = {"_nvtx_push_pop_nesting": push_pop_nesting}
 
 
 def sql_text(name: str) -> str:
@@ -68,9 +71,21 @@ def _build(con: duckdb.DuckDBPyConnection, source: str, source_kind: str, progre
         if progress is not None:
             progress.phase(f"building {', '.join(doc.table for doc in table_docs(text))}")
         for statement in statements(text):
-            con.execute(statement)
+            _execute(con, statement)
         for statement in comment_statements(text):
             con.execute(statement)
+
+
+def _execute(con: duckdb.DuckDBPyConnection, statement: str) -> None:
+    """Run `statement`, with the `PYTHON_RELATIONS` it names registered while it runs."""
+    named = [name for name in PYTHON_RELATIONS if name in statement]
+    for name in named:
+        con.register(name, PYTHON_RELATIONS[name](con))
+    try:
+        con.execute(statement)
+    finally:
+        for name in named:
+            con.unregister(name)
 
 
 def prefer_sort_based_joins(con: duckdb.DuckDBPyConnection) -> None:
