@@ -118,5 +118,4 @@ JOIN (
   SELECT _row, range_id, TRUE AS is_push_pop, depth, parent_range_id FROM _nvtx_push_pop_nesting
   UNION ALL
   SELECT _row, range_id, FALSE, NULL, NULL FROM _nvtx_range_numbered WHERE NOT is_push_pop
-) AS n ON n._row = e._row
-WHERE e.event_type IN (59, 60, 70, 71);
+) AS n ON n._row = e._row;
