@@ -32,12 +32,13 @@ def push_pop_nesting(con: duckdb.DuckDBPyConnection) -> pa.Table:
     if ranges.num_rows == 0:
         return _SCHEMA.empty_table()
     order, thread = _stack_order(ranges.column("range_id").to_numpy(), ranges.column("global_tid").to_numpy())
-    start = ranges.column("start_ns").to_numpy()[order]
     end = ranges.column("end_eff").to_numpy()[order]
-    depth = _depths(thread, start, end)
+    depth = _depths(thread, ranges.column("start_ns").to_numpy()[order], end)
     parent_at = _parents(thread, depth, end)
+    del thread, end
     range_id = ranges.column("range_id").to_numpy()[order]
     parent = pa.array(range_id[np.maximum(parent_at, 0)], mask=parent_at < 0)
+    del parent_at
     row = ranges.column("_row").take(pa.array(order))
     return pa.Table.from_arrays([row, pa.array(range_id), pa.array(depth.astype(np.int32)), parent], schema=_SCHEMA)
 
@@ -57,20 +58,29 @@ def _depths(thread: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarra
     """Each range's depth: its position on its thread less the closes on its thread before it opens.
 
     Positions and closes both count the ranges of earlier threads, which cancel out: each of those has
-    opened and closed before. Keys of different threads are kept apart by offsetting each thread's."""
-    opens = 2 * start + 1
-    closes = 2 * end + np.where(end > start, 0, 2)
+    opened and closed before. Keys of different threads are kept apart by offsetting each thread's.
+    Arrays are reused in place: on millions of ranges each is tens of MB."""
+    closes = 2 * end
+    closes[end == start] += 2
+    opens = 2 * start
+    opens += 1
     low = min(opens.min(), closes.min())
     span = int(max(opens.max(), closes.max())) - int(low) + 1
     if span * (int(thread[-1]) + 1) < 2**62:
-        offset = thread * span - low
-        closed = np.searchsorted(np.sort(closes + offset), opens + offset)
+        offset = thread * span
+        offset -= low
+        closes += offset
+        opens += offset
+        del offset
+        closes.sort()
+        closed = np.searchsorted(closes, opens)
     else:  # keys too far apart to offset: one thread at a time
         closed = np.empty(len(opens), dtype=np.int64)
         bounds = np.flatnonzero(np.diff(thread)) + 1
         for first, last in zip(np.r_[0, bounds], np.r_[bounds, len(thread)]):
             closed[first:last] = first + np.searchsorted(np.sort(closes[first:last]), opens[first:last])
-    return np.arange(len(opens), dtype=np.int64) - closed
+    del opens, closes
+    return np.subtract(np.arange(len(closed), dtype=np.int64), closed, out=closed)
 
 
 def _parents(thread: np.ndarray, depth: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -80,14 +90,18 @@ def _parents(thread: np.ndarray, depth: np.ndarray, end: np.ndarray) -> np.ndarr
     the ranges sorted by depth, then position. It is its parent if it is on the same thread (anything
     between them in the stack order is, too) and ends no earlier."""
     small = depth.max() <= np.iinfo(np.int16).max
-    by_depth = np.argsort(depth.astype(np.int16) if small else depth, kind="stable")
-    keys = (depth[by_depth] << _POSITION_BITS) + by_depth
-    del by_depth
-    position = np.arange(len(depth), dtype=np.int64)
-    found = np.searchsorted(keys, ((depth - 1) << _POSITION_BITS) + position) - 1
-    candidate = keys[np.maximum(found, 0)]
-    del keys
-    at = candidate & ((1 << _POSITION_BITS) - 1)
-    ok = (found >= 0) & (depth >= 1) & ((candidate >> _POSITION_BITS) == depth - 1)
+    keys = np.argsort(depth.astype(np.int16) if small else depth, kind="stable")
+    keys += depth[keys] << _POSITION_BITS
+    wanted = (depth - 1) << _POSITION_BITS
+    wanted += np.arange(len(depth), dtype=np.int64)
+    found = np.searchsorted(keys, wanted)
+    del wanted
+    found -= 1
+    ok = (found >= 0) & (depth >= 1)
+    at = keys[np.maximum(found, 0, out=found)]
+    del keys, found
+    ok &= (at >> _POSITION_BITS) == depth - 1
+    at &= (1 << _POSITION_BITS) - 1
     ok &= (thread[at] == thread) & (end[at] >= end)
-    return np.where(ok, at, -1)
+    at[~ok] = -1
+    return at
