@@ -90,6 +90,7 @@ class Run:
     wall_s: float
     peak_rss_mb: float  # the process and its waited-for children
     peak_anon_mb: float  # the process itself, sampled
+    cpu_s: float  # user + system CPU of the process and its waited-for children: less hostage to a busy machine
     ingest_s: float | None = None  # the ingest's own clock (its closing line)
     rows: int | None = None
 
@@ -109,7 +110,7 @@ def measure(name: str, argv: list[str]) -> Run:
         raise SystemExit(f"{name} failed (exit {code}): {stderr.strip()[-500:]}")
     found = _CLOSING.search(stderr)
     ingest_s, rows = (float(found.group(2)), int(found.group(1).replace(",", ""))) if found else (None, None)
-    return Run(name, wall, usage.ru_maxrss / 1024, peak_anon() / 1024, ingest_s, rows)
+    return Run(name, wall, usage.ru_maxrss / 1024, peak_anon() / 1024, usage.ru_utime + usage.ru_stime, ingest_s, rows)
 
 
 def _sample_anon(pid: int):
@@ -249,11 +250,12 @@ def _folder_mb(folder: Path) -> float:
 
 def print_table(title: str, shown: dict[str, Run]) -> None:
     print(title)
-    print(f"| {'command':56} | {'wall s':>7} | {'ingest s':>8} | {'peak RSS MB':>11} | {'peak anon MB':>12} |")
-    print(f"| {'-' * 56} | {'-' * 7} | {'-' * 8} | {'-' * 11} | {'-' * 12} |")
+    print(f"| {'command':56} | {'wall s':>7} | {'CPU s':>7} | {'ingest s':>8} | {'peak RSS MB':>11} | {'peak anon MB':>12} |")
+    print(f"| {'-' * 56} | {'-' * 7} | {'-' * 7} | {'-' * 8} | {'-' * 11} | {'-' * 12} |")
     for run in shown.values():
         ingest_s = f"{run.ingest_s:8.2f}" if run.ingest_s is not None else " " * 8
-        print(f"| {run.name:56} | {run.wall_s:7.2f} | {ingest_s} | {run.peak_rss_mb:11.0f} | {run.peak_anon_mb:12.0f} |")
+        print(f"| {run.name:56} | {run.wall_s:7.2f} | {run.cpu_s:7.2f} | {ingest_s} | {run.peak_rss_mb:11.0f} | "
+              f"{run.peak_anon_mb:12.0f} |")
 
 
 def main() -> None:
