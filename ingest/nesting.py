@@ -21,16 +21,39 @@ import numpy as np
 import pyarrow as pa
 
 _POSITION_BITS = 40  # a range's position among all ranges: up to 2**40 ranges
+CHUNK_RANGES = 1_000_000  # ranges whose nesting is computed at once, unless one thread has more
 _SCHEMA = pa.schema([("_row", pa.int64()), ("range_id", pa.int64()), ("depth", pa.int32()),
                      ("parent_range_id", pa.int64())])
 
 
 def push_pop_nesting(con: duckdb.DuckDBPyConnection) -> pa.Table:
-    """(_row, range_id, depth, parent_range_id) of every push/pop range in `_nvtx_range_numbered`."""
+    """(_row, range_id, depth, parent_range_id) of every push/pop range in `_nvtx_range_numbered`.
+
+    Threads are independent: they are taken in groups of at most `CHUNK_RANGES` ranges (a thread with
+    more is a group of its own), which bounds the memory the arrays take beside DuckDB's own."""
+    counts = con.execute("SELECT global_tid, count(*) FROM _nvtx_range_numbered WHERE is_push_pop "
+                         "GROUP BY ALL ORDER BY global_tid").fetchall()
+    parts = [_chunk_nesting(con, first, last) for first, last in _thread_groups(counts, CHUNK_RANGES)]
+    return pa.concat_tables(parts) if parts else _SCHEMA.empty_table()
+
+
+def _thread_groups(counts: list[tuple[int, int]], budget: int) -> list[tuple[int, int]]:
+    """(first, last) global_tid of consecutive threads whose ranges add up to at most `budget`, or one thread."""
+    groups: list[tuple[int, int]] = []
+    total = 0
+    for tid, n in counts:
+        if groups and total + n <= budget:
+            groups[-1] = (groups[-1][0], tid)
+            total += n
+        else:
+            groups.append((tid, tid))
+            total = n
+    return groups
+
+
+def _chunk_nesting(con: duckdb.DuckDBPyConnection, first: int, last: int) -> pa.Table:
     ranges = con.sql("SELECT _row, range_id, global_tid, start_ns, end_eff FROM _nvtx_range_numbered "
-                     "WHERE is_push_pop").to_arrow_table()
-    if ranges.num_rows == 0:
-        return _SCHEMA.empty_table()
+                     "WHERE is_push_pop AND global_tid BETWEEN ? AND ?", params=[first, last]).to_arrow_table()
     order, thread = _stack_order(ranges.column("range_id").to_numpy(), ranges.column("global_tid").to_numpy())
     end = ranges.column("end_eff").to_numpy()[order]
     depth = _depths(thread, ranges.column("start_ns").to_numpy()[order], end)
