@@ -26,15 +26,24 @@ _SCHEMA = pa.schema([("_row", pa.int64()), ("range_id", pa.int64()), ("depth", p
                      ("parent_range_id", pa.int64())])
 
 
-def push_pop_nesting(con: duckdb.DuckDBPyConnection) -> pa.Table:
-    """(_row, range_id, depth, parent_range_id) of every push/pop range in `_nvtx_range_numbered`.
+def create_push_pop_nesting(con: duckdb.DuckDBPyConnection) -> None:
+    """The temp table `_nvtx_push_pop_nesting`: (_row, range_id, depth, parent_range_id) of every push/pop
+    range in `_nvtx_range_numbered`.
 
     Threads are independent: they are taken in groups of at most `CHUNK_RANGES` ranges (a thread with
-    more is a group of its own), which bounds the memory the arrays take beside DuckDB's own."""
+    more is a group of its own), and each group's rows go into DuckDB, within its memory limit, before
+    the next: that bounds the memory the arrays take beside DuckDB's own."""
+    con.execute("CREATE OR REPLACE TEMP TABLE _nvtx_push_pop_nesting "
+                "(_row BIGINT, range_id BIGINT, depth INTEGER, parent_range_id BIGINT)")
     counts = con.execute("SELECT global_tid, count(*) FROM _nvtx_range_numbered WHERE is_push_pop "
                          "GROUP BY ALL ORDER BY global_tid").fetchall()
-    parts = [_chunk_nesting(con, first, last) for first, last in _thread_groups(counts, CHUNK_RANGES)]
-    return pa.concat_tables(parts) if parts else _SCHEMA.empty_table()
+    for first, last in _thread_groups(counts, CHUNK_RANGES):
+        part = _chunk_nesting(con, first, last)
+        con.register("_nvtx_nesting_part", part)
+        try:
+            con.execute("INSERT INTO _nvtx_push_pop_nesting SELECT * FROM _nvtx_nesting_part")
+        finally:
+            con.unregister("_nvtx_nesting_part")
 
 
 def _thread_groups(counts: list[tuple[int, int]], budget: int) -> list[tuple[int, int]]:
