@@ -310,7 +310,8 @@ def _folder_mb(folder: Path) -> float:
 
 def print_table(title: str, shown: dict[str, Run]) -> None:
     print(title)
-    print(f"| {'command':56} | {'wall s':>7} | {'CPU s':>7} | {'ingest s':>8} | {'peak RSS MB':>11} | {'peak anon MB':>12} |")
+    print(f"| {'command':56} | {'wall s':>7} | {'CPU s':>7} | {'ingest s':>8} | {'peak RSS MB':>11} | "
+          f"{'peak anon MB':>12} |")
     print(f"| {'-' * 56} | {'-' * 7} | {'-' * 7} | {'-' * 8} | {'-' * 11} | {'-' * 12} |")
     for run in shown.values():
         ingest_s = f"{run.ingest_s:8.2f}" if run.ingest_s is not None else " " * 8
