@@ -19,8 +19,10 @@ Ratios: the SQLite path over the .arrow ingest (target >= 10), the .nsys-rep ing
 export (target <= 1.5), rows/s of the GPU-shaped ingest (target >= 2,000,000), peak RSS (target < 1 GB
 by default), and each database's size over its .nsys-rep's (target <= 2; also for `sample_traces/`).
 Wall times are the whole process (interpreter start included); `ingest s` is the ingest's own clock,
-from its closing line. Peak RSS is the process and its waited-for children (wait4; file-backed pages of
-a memory-mapped Arrow export count), peak anon the process's anonymous memory, sampled every 20 ms.
+from its closing line; `CPU s` is user + system CPU of the process and its waited-for children, which a
+busy machine inflates far less than wall time. Peak RSS is the process and its waited-for children
+(wait4; file-backed pages of a memory-mapped Arrow export count), peak anon the process's anonymous
+memory, sampled every 20 ms.
 
 Usage: python benchmarks/bench_ingest.py [--steps N] [--gpu-rows N] [--repeat N] [--out DIR] [--json FILE]
 
@@ -44,6 +46,64 @@ in turn (variants of one command, 3 runs each, load 1.3-5): CPU seconds 5.0-5.1 
 within the machine's noise. Where the time goes (1M ranges, CPU s): writing nvtx_ranges' 26 columns
 ~1.0 (DuckDB costs ~35 ns a value, NULL columns included), its joins 0.5, the nesting's sorts 0.7, the
 range and mark numbering 0.3, nvtx_marks 0.35, nsys._NVTX_EVENTS 0.3-0.5, start-up and checkpoint 0.5.
+
+round 2 (NVTX nesting in numpy, GPU ops and API calls numbered once over their sort keys, marks filtered
+before their lookups; the machine's load from other work ran from 2 to 9 during it):
+- this script, as it was then as it is (2 runs of each command each; load 4.3 -> 8.6 and 5.3 -> 7.3: wall
+  times followed the load, one command's two runs up to 4.5x apart, so ratios within one run only).
+  before: SQLite path 9.12 s (export 5.68 + nvtxsum 3.44); Arrow export 4.10 s; ingest .arrow 9.95 s
+  (0.92x the SQLite path's speed), 589-597 MB; ingest .nsys-rep 22.13 s (5.40x the export), 256MB limit
+  20.08 s; database 19.8 MB. GPU-shaped: 118.7 / 179.9 s (84,000 rows/s), 695-698 MB; 256MB limit 257.7
+  / 328.4 s, 448-456 MB. after (the nesting not yet in thread groups): SQLite path 8.48 s; Arrow export
+  3.64 s; ingest .arrow 10.50 s (0.81x), 626-642 MB; ingest .nsys-rep 8.68 s (2.38x: the load fell
+  between the commands), 256MB limit 8.35 s; database 19.7 MB. GPU-shaped: 89.4 / 114.4 s (112,000
+  rows/s), 1,146 MB; 256MB limit 227.1 / 290.1 s, 1,104-1,109 MB. sample_traces unchanged (3.8-4.0x).
+- old and new alternating, each command in its own process, 2 runs each (load 2.0-4.0), CPU s (wall s):
+  ingest .arrow old 5.14 / 4.66 (4.06 / 4.63), new 4.08 / 4.22 (3.73 / 4.21): 15% less CPU;
+  ingest .nsys-rep old 7.09 / 6.34 (7.00 / 6.60), new 6.16 / 5.86 (6.59 / 6.09); GPU-shaped old
+  58.5 / 65.4 (55.3 / 59.7, 698 MB), new 46.2 / 51.2 (44.1 / 50.0, 1,114-1,184 MB): 21% less CPU,
+  181,000 -> 227,000 rows/s (fastest runs). nsys's SQLite path beside the new ingest .arrow, 2 runs in
+  turn (load 2.5): 5.53 / 5.82 s (export 3.54 / 3.68 + nvtxsum 1.99 / 2.14) against 3.98 / 5.61 s.
+- the nesting alone on the GPU-shaped capture's 6.1M ranges: DuckDB's window and ASOF join 17.8 CPU s
+  (31.7 s wall; its 12M-row sort spills past the 512MB limit), numpy 5.3 CPU s, identical rows; on the
+  NVTX-only capture's 1M ranges 0.95 against 0.89 CPU s (one run each).
+
+Why the .nsys-rep ingest costs 4-5x the export: it is the export, then the .arrow ingest, nothing more
+(no second export, no extra tables, no wait: CPU of one .nsys-rep ingest 6.21 / 5.96 s against 6.52 /
+5.62 s for `nsys export --type arrow` plus the .arrow ingest, 2 runs in turn). The .arrow ingest is the
+part over the target. Overlapping the two would not help: the export writes nothing for ~85% of its
+time (9.7 of 11.3 s, polling its file's size), and NVTX_EVENTS, which everything waits on, is written
+at the end.
+
+Floor (CPU s, so that the machine's load counts less; on an idle machine DuckDB runs on both cores):
+interpreter and imports 0.35-0.38 (3 runs). Writing the normalized tables from memory into a new file,
+CREATE TABLE AS (1 run each): NVTX-only nvtx_ranges 1M x 26 columns 1.15-1.26 (48 ns a value; 0.94 in
+memory; 0.89 without its 9 all-NULL columns), nvtx_marks 250k x 20 0.21. GPU-shaped: nvtx_ranges 6.1M x
+26 11.2, gpu_ops 1.6M x 16 2.7 (106 ns a value: long kernel names), cuda_api 2.1M x 13 1.3,
+nvtx_gpu_projection 1.2M x 6 0.27: 15.5 CPU s before any of nsys's own tables.
+
+Targets not reached, and what would reach them:
+- .arrow ingest >= 10x the SQLite path (0.31-0.42 s, the SQLite path taking 3.1-4.2 s in the figures
+  above): below the floor, so not while nvtx_ranges' 26 columns are written (the imports alone take 0.35-0.38
+  CPU s). To the floor (imports and writes, 1.7-1.8 CPU s, against 4.1-5.5 now): build nvtx_ranges in
+  Arrow (pyarrow `take` over the small string, domain, category and thread tables; range_id by a numpy
+  lexsort; the nesting as now) and let DuckDB run one CREATE TABLE AS over it; nsys._NVTX_EVENTS's ids
+  then come from the same arrays by position, without its two LEFT JOINs on _row. Past the floor: write
+  fewer values, e.g. nvtx_ranges as a view computing dur_ns, pid, tid, global_pid, range_kind and the
+  thread, domain and category names (9 of 26 columns) over a narrower table, which every reader of
+  duckdb_tables() and the fingerprints must then accept.
+- .nsys-rep ingest <= 1.5x the export: the .arrow ingest must take at most half the export, 0.8-0.9
+  CPU s (the export: 1.54-1.77, 2 runs), and the writes of nvtx_ranges and nvtx_marks alone take
+  1.36-1.47: the design above, and the narrower nvtx_ranges with it.
+- GPU-shaped >= 2M rows/s (10M rows in 5 s, 10 CPU s on 2 cores): the normalized tables' writes alone
+  take 15.5 CPU s: the narrower nvtx_ranges above, and nvtx_gpu_projection without its HUGEINT IEJoin:
+  with the nesting known, a launch's ranges are the innermost range open at its start on its thread (one
+  binary search) and that range's ancestors (4 levels here), a walk up parent_range_id, not a join.
+- Peak RSS < 1 GB: missed since the nesting moved to numpy on the GPU-shaped capture (1,023-1,184 MB in
+  3 runs, 695-698 before): one thread's 3M ranges as arrays beside DuckDB's 512 MB (threads are grouped,
+  but one thread is not split). Split a thread's ranges into pieces of 1M, carrying from piece to piece
+  the thread's sorted close keys (for depth) and the last range opened at each depth (for the parent's
+  search); or lower DuckDB's memory_limit by the arrays' size while they live.
 """
 from __future__ import annotations
 
@@ -90,6 +150,7 @@ class Run:
     wall_s: float
     peak_rss_mb: float  # the process and its waited-for children
     peak_anon_mb: float  # the process itself, sampled
+    cpu_s: float  # user + system CPU of the process and its waited-for children: less hostage to a busy machine
     ingest_s: float | None = None  # the ingest's own clock (its closing line)
     rows: int | None = None
 
@@ -109,7 +170,7 @@ def measure(name: str, argv: list[str]) -> Run:
         raise SystemExit(f"{name} failed (exit {code}): {stderr.strip()[-500:]}")
     found = _CLOSING.search(stderr)
     ingest_s, rows = (float(found.group(2)), int(found.group(1).replace(",", ""))) if found else (None, None)
-    return Run(name, wall, usage.ru_maxrss / 1024, peak_anon() / 1024, ingest_s, rows)
+    return Run(name, wall, usage.ru_maxrss / 1024, peak_anon() / 1024, usage.ru_utime + usage.ru_stime, ingest_s, rows)
 
 
 def _sample_anon(pid: int):
@@ -249,11 +310,13 @@ def _folder_mb(folder: Path) -> float:
 
 def print_table(title: str, shown: dict[str, Run]) -> None:
     print(title)
-    print(f"| {'command':56} | {'wall s':>7} | {'ingest s':>8} | {'peak RSS MB':>11} | {'peak anon MB':>12} |")
-    print(f"| {'-' * 56} | {'-' * 7} | {'-' * 8} | {'-' * 11} | {'-' * 12} |")
+    print(f"| {'command':56} | {'wall s':>7} | {'CPU s':>7} | {'ingest s':>8} | {'peak RSS MB':>11} | "
+          f"{'peak anon MB':>12} |")
+    print(f"| {'-' * 56} | {'-' * 7} | {'-' * 7} | {'-' * 8} | {'-' * 11} | {'-' * 12} |")
     for run in shown.values():
         ingest_s = f"{run.ingest_s:8.2f}" if run.ingest_s is not None else " " * 8
-        print(f"| {run.name:56} | {run.wall_s:7.2f} | {ingest_s} | {run.peak_rss_mb:11.0f} | {run.peak_anon_mb:12.0f} |")
+        print(f"| {run.name:56} | {run.wall_s:7.2f} | {run.cpu_s:7.2f} | {ingest_s} | {run.peak_rss_mb:11.0f} | "
+              f"{run.peak_anon_mb:12.0f} |")
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ from importlib import resources
 import duckdb
 
 from itertrace.ingest.adapters import create_raw_views, create_raw_views_over
+from itertrace.ingest.nesting import create_push_pop_nesting
 from itertrace.ingest.progress import Progress
 from itertrace.ingest.sqldoc import comment_statements, statements, table_docs
 
@@ -21,6 +22,8 @@ SQL_FILES = (
     "gpu_ops.sql",
     "nvtx_gpu_projection.sql",
 )
+# Temp tables the SQL reads that Python makes, each just before the first statement that names it.
+PYTHON_TABLES = {"_nvtx_push_pop_nesting": create_push_pop_nesting}
 
 
 def sql_text(name: str) -> str:
@@ -63,14 +66,24 @@ def build_normalized_over(
 def _build(con: duckdb.DuckDBPyConnection, source: str, source_kind: str, progress: Progress | None) -> None:
     con.execute("CREATE OR REPLACE TEMP TABLE _ingest_source AS SELECT ?::VARCHAR AS source, ?::VARCHAR AS source_kind",
                 [source, source_kind])
+    made: set[str] = set()
     for name in SQL_FILES:
         text = sql_text(name)
         if progress is not None:
             progress.phase(f"building {', '.join(doc.table for doc in table_docs(text))}")
         for statement in statements(text):
-            con.execute(statement)
+            _execute(con, statement, made)
         for statement in comment_statements(text):
             con.execute(statement)
+
+
+def _execute(con: duckdb.DuckDBPyConnection, statement: str, made: set[str]) -> None:
+    """Run `statement`, after making the `PYTHON_TABLES` it names that are not made yet (`made`)."""
+    for name, make in PYTHON_TABLES.items():
+        if name in statement and name not in made:
+            make(con)
+            made.add(name)
+    con.execute(statement)
 
 
 def prefer_sort_based_joins(con: duckdb.DuckDBPyConnection) -> None:

@@ -8,6 +8,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from itertrace.ingest import nesting as nesting_module
 from itertrace.ingest.normalize import build_normalized
 
 THREAD_A = (1 << 48) | (100 << 24) | 100  # hw 0, vm 1, pid 100, tid 100
@@ -142,6 +143,20 @@ def push_pop_sequences(draw):
 @given(push_pop_sequences())
 def test_nesting_matches_a_stack_on_random_push_pop_calls(rows):
     con = database({"NVTX_EVENTS": nvtx(*rows)})
+    got = {text: (depth, parent) for text, depth, parent in nesting(con)}
+    assert got == stack_nesting(rows)
+
+
+@settings(max_examples=25, deadline=None)
+@given(push_pop_sequences(), st.integers(1, 4))
+def test_nesting_computed_a_few_ranges_at_a_time_is_the_same(rows, chunk):
+    # Thread groups of at most `chunk` ranges (one thread per group where a thread has more).
+    was = nesting_module.CHUNK_RANGES
+    nesting_module.CHUNK_RANGES = chunk
+    try:
+        con = database({"NVTX_EVENTS": nvtx(*rows)})
+    finally:
+        nesting_module.CHUNK_RANGES = was
     got = {text: (depth, parent) for text, depth, parent in nesting(con)}
     assert got == stack_nesting(rows)
 

@@ -30,15 +30,15 @@ CREATE TABLE cuda_api (
   return_value BIGINT
 );
 
--- Every API call with its api_id; also read by nsys_store.
-CREATE OR REPLACE TEMP VIEW _cuda_api_numbered AS
-SELECT *, row_number() OVER (ORDER BY start, globalTid, correlationId, _row) AS api_id
+-- Every API call's api_id by raw row, numbered once over the sort keys alone; also read by nsys_store.
+CREATE OR REPLACE TEMP TABLE _cuda_api_numbered AS
+SELECT _row, row_number() OVER (ORDER BY start, globalTid, correlationId, _row) AS api_id
 FROM _raw_runtime
 WHERE eventClass IS DISTINCT FROM 67;
 
 INSERT INTO cuda_api
 SELECT
-  r.api_id,
+  n.api_id,
   r.start,
   r."end",
   r."end" - r.start,
@@ -51,7 +51,8 @@ SELECT
   r.globalTid & 16777215,
   r.correlationId,
   r.returnValue
-FROM _cuda_api_numbered AS r
+FROM _raw_runtime AS r
+JOIN _cuda_api_numbered AS n ON n._row = r._row
 LEFT JOIN _raw_strings AS s ON s.id = r.nameId
 LEFT JOIN _raw_enum_event_class AS ec ON ec.id = r.eventClass
-ORDER BY r.api_id;
+ORDER BY n.api_id;

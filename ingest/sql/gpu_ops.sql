@@ -34,8 +34,8 @@ CREATE TABLE gpu_ops (
   launch_type VARCHAR
 );
 
--- Every GPU operation with its gpu_op_id, kind and raw row; also read by nsys_store.
-CREATE OR REPLACE TEMP VIEW _gpu_op_numbered AS
+-- Every GPU operation with its names resolved, by kind and raw row.
+CREATE OR REPLACE TEMP VIEW _gpu_op_rows AS
 WITH
   kernels AS (
     SELECT
@@ -60,32 +60,41 @@ WITH
       'memset', m.start, m."end", '[CUDA memset]', NULL, m.deviceId, m.contextId, m.streamId,
       m.correlationId, m.globalPid, m.bytes, NULL, NULL, m._row
     FROM _raw_memset AS m
-  ),
-  ops AS (
-    SELECT * FROM kernels
-    UNION ALL SELECT * FROM copies
-    UNION ALL SELECT * FROM sets
   )
-SELECT *, row_number() OVER (ORDER BY start, kind, deviceId, streamId, correlationId, _row) AS gpu_op_id
+SELECT * FROM kernels
+UNION ALL SELECT * FROM copies
+UNION ALL SELECT * FROM sets;
+
+-- Every GPU operation's gpu_op_id by kind and raw row, numbered once over the sort keys alone (not
+-- the names); also read by nsys_store.
+CREATE OR REPLACE TEMP TABLE _gpu_op_numbered AS
+WITH
+  ops AS (
+    SELECT 'kernel' AS kind, start, deviceId, streamId, correlationId, _row FROM _raw_kernels
+    UNION ALL SELECT 'memcpy', start, deviceId, streamId, correlationId, _row FROM _raw_memcpy
+    UNION ALL SELECT 'memset', start, deviceId, streamId, correlationId, _row FROM _raw_memset
+  )
+SELECT kind, _row, row_number() OVER (ORDER BY start, kind, deviceId, streamId, correlationId, _row) AS gpu_op_id
 FROM ops;
 
 INSERT INTO gpu_ops
 SELECT
-  gpu_op_id,
-  kind,
-  start,
-  "end",
-  "end" - start,
-  name,
-  short_name,
-  deviceId,
-  contextId,
-  streamId,
-  correlationId,
-  globalPid,
-  (globalPid >> 24) & 16777215,
-  bytes,
-  copy_kind,
-  launch_type
-FROM _gpu_op_numbered
-ORDER BY gpu_op_id;
+  n.gpu_op_id,
+  o.kind,
+  o.start,
+  o."end",
+  o."end" - o.start,
+  o.name,
+  o.short_name,
+  o.deviceId,
+  o.contextId,
+  o.streamId,
+  o.correlationId,
+  o.globalPid,
+  (o.globalPid >> 24) & 16777215,
+  o.bytes,
+  o.copy_kind,
+  o.launch_type
+FROM _gpu_op_rows AS o
+JOIN _gpu_op_numbered AS n ON n.kind = o.kind AND n._row = o._row
+ORDER BY n.gpu_op_id;

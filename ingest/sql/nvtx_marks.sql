@@ -72,4 +72,5 @@ SELECT
   e.json_text
 FROM _nvtx_mark_numbered AS n
 JOIN _nvtx_events AS e ON e._row = n._row
+WHERE e.event_type = 34  -- before the lookups of text, domain, category and thread, not after
 ORDER BY n.mark_id;

@@ -60,8 +60,8 @@ CREATE TABLE nvtx_ranges (
   depth INTEGER
 );
 
--- Every range with its range_id and the columns the nesting needs; also read by
--- nsys_store, which keeps the raw columns nvtx_ranges does not hold beside the range_id.
+-- Every range with its range_id and the columns the nesting needs (ingest/nesting.py); also read
+-- by nsys_store, which keeps the raw columns nvtx_ranges does not hold beside the range_id.
 CREATE OR REPLACE TEMP TABLE _nvtx_range_numbered AS
 WITH
   trace_end AS (
@@ -81,53 +81,6 @@ WITH
   )
 SELECT *, row_number() OVER (ORDER BY start_ns, global_tid, end_eff DESC, _row) AS range_id
 FROM ranges;
-
--- The nesting's helper tables are joined on ids, never read in order: DuckDB may build them in any.
-SET preserve_insertion_order = false;
-
--- Every push/pop range's depth: the ranges open on its thread when it opens.
-CREATE OR REPLACE TEMP TABLE _nvtx_depths AS
-WITH
-  boundaries AS (
-    -- +1 where a range opens, -1 where it closes, in the order a stack on the thread would see them:
-    -- by thread (the high 64 bits of the key), time, and at one instant closes of ranges that have a
-    -- length first (touching ranges are siblings), then opens, longer ranges first (range_id orders
-    -- them so), then closes of zero-length ranges. The key is 2 * time + 0, 1 or 2 for those three.
-    -- Every range opens and closes, so the running sum needs no partition by thread.
-    SELECT _row, range_id, global_tid, end_eff, (global_tid::HUGEINT << 64) + 2 * start_ns + 1 AS k, 1 AS delta
-    FROM _nvtx_range_numbered
-    WHERE is_push_pop
-    UNION ALL
-    SELECT NULL, NULL, NULL, NULL,
-      (global_tid::HUGEINT << 64) + 2 * end_eff + CASE WHEN end_eff > start_ns THEN 0 ELSE 2 END, -1
-    FROM _nvtx_range_numbered
-    WHERE is_push_pop
-  )
-SELECT _row, range_id, global_tid, end_eff, depth
-FROM (
-  SELECT *, (sum(delta) OVER (ORDER BY k, range_id ROWS UNBOUNDED PRECEDING) - 1)::INTEGER AS depth
-  FROM boundaries
-)
-WHERE delta = 1;
-
--- Every range's range_id with its place in the push/pop nesting (depth and parent; NULL for start/end
--- ranges), by raw row. The parent is the range opened last before this one, one level up: a
--- sort-based ASOF join (range_id follows opening order on a thread). It is kept only if it encloses
--- this range, which it always does when the thread's ranges nest.
-CREATE OR REPLACE TEMP TABLE _nvtx_nesting AS
-SELECT c._row, c.range_id, TRUE AS is_push_pop, c.depth,
-  CASE WHEN p.end_eff >= c.end_eff THEN p.range_id END AS parent_range_id
-FROM _nvtx_depths AS c
-ASOF LEFT JOIN _nvtx_depths AS p
-  ON p.global_tid = c.global_tid AND p.depth = c.depth - 1 AND c.range_id > p.range_id
-UNION ALL
-SELECT _row, range_id, FALSE, NULL, NULL
-FROM _nvtx_range_numbered
-WHERE NOT is_push_pop;
-
-DROP TABLE _nvtx_depths;
-
-RESET preserve_insertion_order;
 
 -- In the export's row order, which for nsys's exports (sorted by start) is close to range_id order:
 -- sorting a table this wide would cost more than building it.
@@ -160,4 +113,9 @@ SELECT
   n.parent_range_id,
   n.depth
 FROM _nvtx_events AS e
-JOIN _nvtx_nesting AS n ON n._row = e._row;
+JOIN (
+  -- Depth and parent of every push/pop range, computed by ingest/nesting.py from _nvtx_range_numbered.
+  SELECT _row, range_id, TRUE AS is_push_pop, depth, parent_range_id FROM _nvtx_push_pop_nesting
+  UNION ALL
+  SELECT _row, range_id, FALSE, NULL, NULL FROM _nvtx_range_numbered WHERE NOT is_push_pop
+) AS n ON n._row = e._row;
