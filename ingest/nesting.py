@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 _POSITION_BITS = 40  # a range's position among all ranges: up to 2**40 ranges
-CHUNK_RANGES = 1_000_000  # ranges whose nesting is computed at once, unless one thread has more
+CHUNK_RANGES = 1_000_000  # ranges whose nesting is computed at once
 _SCHEMA = pa.schema([("_row", pa.int64()), ("range_id", pa.int64()), ("depth", pa.int32()),
                      ("parent_range_id", pa.int64())])
 
@@ -31,39 +31,68 @@ def create_push_pop_nesting(con: duckdb.DuckDBPyConnection) -> None:
     """The temp table `_nvtx_push_pop_nesting`: (_row, range_id, depth, parent_range_id) of every push/pop
     range in `_nvtx_range_numbered`.
 
-    Threads are independent: they are taken in groups of at most `CHUNK_RANGES` ranges (a thread with
-    more is a group of its own), and each group's rows go into DuckDB, within its memory limit, before
-    the next: that bounds the memory the arrays take beside DuckDB's own."""
+    Threads are independent: they are taken in groups of at most `CHUNK_RANGES` ranges, and a thread with
+    more in pieces of `CHUNK_RANGES` (`_nest_in_pieces`); each group's or piece's rows go into DuckDB,
+    within its memory limit, before the next: that bounds the memory the arrays take beside DuckDB's own."""
     con.execute("CREATE OR REPLACE TEMP TABLE _nvtx_push_pop_nesting "
                 "(_row BIGINT, range_id BIGINT, depth INTEGER, parent_range_id BIGINT)")
     counts = con.execute("SELECT global_tid, count(*) FROM _nvtx_range_numbered WHERE is_push_pop "
                          "GROUP BY ALL ORDER BY global_tid").fetchall()
-    for first, last in _thread_groups(counts, CHUNK_RANGES):
-        part = _chunk_nesting(con, first, last)
-        con.register("_nvtx_nesting_part", part)
-        try:
-            con.execute("INSERT INTO _nvtx_push_pop_nesting SELECT * FROM _nvtx_nesting_part")
-        finally:
-            con.unregister("_nvtx_nesting_part")
-
-
-def _thread_groups(counts: list[tuple[int, int]], budget: int) -> list[tuple[int, int]]:
-    """(first, last) global_tid of consecutive threads whose ranges add up to at most `budget`, or one thread."""
-    groups: list[tuple[int, int]] = []
-    total = 0
-    for tid, n in counts:
-        if groups and total + n <= budget:
-            groups[-1] = (groups[-1][0], tid)
-            total += n
+    for first, last, n in _thread_groups(counts, CHUNK_RANGES):
+        if n > CHUNK_RANGES:
+            _nest_in_pieces(con, first)
         else:
-            groups.append((tid, tid))
-            total = n
+            _insert(con, _nest(_fetch(con, "global_tid BETWEEN ? AND ?", [first, last])))
+
+
+def _thread_groups(counts: list[tuple[int, int]], budget: int) -> list[tuple[int, int, int]]:
+    """(first, last, ranges): consecutive threads whose ranges add up to at most `budget`, or one thread."""
+    groups: list[tuple[int, int, int]] = []
+    for tid, n in counts:
+        if groups and groups[-1][2] + n <= budget:
+            groups[-1] = (groups[-1][0], tid, groups[-1][2] + n)
+        else:
+            groups.append((tid, tid, n))
     return groups
 
 
-def _chunk_nesting(con: duckdb.DuckDBPyConnection, first: int, last: int) -> pa.Table:
-    ranges = con.sql("SELECT _row, range_id, global_tid, start_ns, end_eff FROM _nvtx_range_numbered "
-                     "WHERE is_push_pop AND global_tid BETWEEN ? AND ?", params=[first, last]).to_arrow_table()
+def _nest_in_pieces(con: duckdb.DuckDBPyConnection, tid: int) -> None:
+    """One thread's nesting, `CHUNK_RANGES` ranges at a time in its stack order (range_id).
+
+    A range of an earlier piece that closed before the last open of the piece before plays no part in
+    the nesting of this one: it adds one to each range's position and one to the closes before it, which
+    cancel, and a parent is always still open. So only the ranges still open after a piece's last open
+    are carried into the next (about as many as its depth there), computed again with it, and dropped."""
+    cuts = [row[0] for row in con.execute(
+        "SELECT range_id FROM (SELECT range_id, row_number() OVER (ORDER BY range_id) - 1 AS i "
+        "FROM _nvtx_range_numbered WHERE is_push_pop AND global_tid = ?) WHERE i % ? = 0 ORDER BY 1",
+        [tid, CHUNK_RANGES]).fetchall()]
+    carried = None
+    for lo, hi in zip(cuts, [*cuts[1:], None]):
+        piece = _fetch(con, "global_tid = ? AND range_id >= ?" + ("" if hi is None else " AND range_id < ?"),
+                       [tid, lo] + ([] if hi is None else [hi]))
+        ranges = piece if carried is None else pa.concat_tables([carried, piece])
+        _insert(con, _nest(ranges).slice(ranges.num_rows - piece.num_rows))  # carried ranges come first
+        start, end = ranges.column("start_ns").to_numpy(), ranges.column("end_eff").to_numpy()
+        closes = 2 * end + 2 * (end == start)  # the keys of _depths
+        carried = ranges.filter(pa.array(closes > 2 * start.max() + 1))
+
+
+def _fetch(con: duckdb.DuckDBPyConnection, where: str, params: list) -> pa.Table:
+    return con.sql("SELECT _row, range_id, global_tid, start_ns, end_eff FROM _nvtx_range_numbered "
+                   f"WHERE is_push_pop AND {where}", params=params).to_arrow_table()
+
+
+def _insert(con: duckdb.DuckDBPyConnection, part: pa.Table) -> None:
+    con.register("_nvtx_nesting_part", part)
+    try:
+        con.execute("INSERT INTO _nvtx_push_pop_nesting SELECT * FROM _nvtx_nesting_part")
+    finally:
+        con.unregister("_nvtx_nesting_part")
+
+
+def _nest(ranges: pa.Table) -> pa.Table:
+    """(_row, range_id, depth, parent_range_id) of `ranges` (whole threads), in their stack order."""
     order, thread = _stack_order(ranges.column("range_id").to_numpy(), ranges.column("global_tid").to_numpy())
     end = ranges.column("end_eff").to_numpy()[order]
     depth = _depths(thread, ranges.column("start_ns").to_numpy()[order], end)
