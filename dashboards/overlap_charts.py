@@ -42,7 +42,7 @@ def overlap_lanes(db, first_iteration: int = FIRST_ITERATION, count: int = WINDO
 
 
 def overlap_timelines_chart(off: pa.Table, on: pa.Table, *, first_iteration: int = FIRST_ITERATION,
-                            width_px: int = 760) -> alt.VConcatChart:
+                            count: int = WINDOW_ITERATIONS, width_px: int = 760) -> alt.VConcatChart:
     """The run without overlap above the run with it (overlap_lanes of each), sharing the time axis and colours."""
     phases = sort_phases([p for t in (off, on) for p in t.column("phase").to_pylist() if p != "device interval"])
     colours = phase_scale(phases)
@@ -64,7 +64,7 @@ def overlap_timelines_chart(off: pa.Table, on: pa.Table, *, first_iteration: int
 
     return alt.vconcat(one(off, "without overlap"), one(on, "with overlap")).resolve_scale(x="shared").properties(
         title=alt.Title(f"Host phases and device intervals, iterations {first_iteration} to "
-                        f"{first_iteration + WINDOW_ITERATIONS - 1}",
+                        f"{first_iteration + count - 1}",
                         subtitle="white space in a device lane is a host gap; with overlap the host's schedule and "
                                  "prepare run while the device computes"))
 
@@ -83,7 +83,11 @@ def overlap_section(runs: list[RunData]) -> Section | None:
     on = next((r for r in traced if _overlap_flag(r) is True), None)
     if off is None or on is None:
         return None
-    chart = overlap_timelines_chart(overlap_lanes(off.db), overlap_lanes(on.db))
+    shortest = min(off.iterations_in_trace, on.iterations_in_trace)
+    first = FIRST_ITERATION if shortest >= FIRST_ITERATION + WINDOW_ITERATIONS else 0  # a short run: its start
+    count = min(WINDOW_ITERATIONS, shortest - first)
+    chart = overlap_timelines_chart(overlap_lanes(off.db, first, count), overlap_lanes(on.db, first, count),
+                                    first_iteration=first, count=count)
     return Section("overlap", "Overlap off and on",
                    f"The same iterations of {off.label} (without overlap) above {on.label} (with it), from their "
                    "captures, on one time scale from each window's first step start.",
