@@ -22,7 +22,7 @@ LANES = ("host", "device")
 
 
 def overlap_lanes(db, first_iteration: int = FIRST_ITERATION, count: int = WINDOW_ITERATIONS) -> pa.Table:
-    """One row per bar: lane, phase, start_ms and end_ms since the window's first step start (a QueryDB over a capture)."""
+    """One row per bar: lane, phase, start_ms and end_ms since the window's first step start (`db`: a capture's QueryDB)."""
     lo, hi = int(first_iteration), int(first_iteration) + int(count)
     return db.sql(f"""
         WITH

@@ -51,7 +51,8 @@ def _column(q, sql: str) -> list[float]:
 
 def from_run_dir(run_dir: Path, predict: bool) -> dict:
     """A run's figures from its run logs (iterations.parquet and events.parquet), as from_capture defines them."""
-    rows = sorted(pq.read_table(run_dir / "iterations.parquet").to_pylist(), key=lambda r: (r["start_ns"], r["iteration"]))
+    rows = pq.read_table(run_dir / "iterations.parquet").to_pylist()
+    rows.sort(key=lambda r: (r["start_ns"], r["iteration"]))
     busy = [r for r in rows if r["device_start_ns"] is not None]
     if not busy:
         raise UserError(f"{run_dir}: no iteration ran a forward pass")
@@ -147,5 +148,8 @@ def _outputs(run_dir: Path) -> dict:
     reqs = pq.read_table(run_dir / "requests.parquet", columns=["request_id", "output_tokens", "text"]).to_pylist()
     summary = json.loads((run_dir / "run.json").read_text())["summary"]
     return {"tokens_dropped": summary.get("tokens_dropped", 0),
-            "tokens": {str(r["request_id"]): f"{r['output_tokens']}:{hashlib.sha256(r['text'].encode()).hexdigest()[:12]}"
-                       for r in reqs}}
+            "tokens": {str(r["request_id"]): f"{r['output_tokens']}:{_digest(r['text'])}" for r in reqs}}
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
