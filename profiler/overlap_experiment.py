@@ -17,20 +17,25 @@ from dataclasses import replace
 from pathlib import Path
 
 from itertrace.errors import UserError
-from itertrace.profiler.overlap_figures import HIDDEN_BY_OVERLAP, from_capture, from_run_dir
+from itertrace.profiler.overlap_figures import from_capture, from_run_dir
 from itertrace.profiler.session import RunSpec, run
 from itertrace.profiler.workloads import build_requests, worked_example
 
 # The simulated runner's host time per iteration when no --cost file is given: half the default cost
 # model's fixed 8 ms, so that overlap has host work to hide and the device still takes the longer part.
 SIM_HOST_NS = 4_000_000.0
+# What overlap mode takes off the critical path (profiler/overlap.py): schedule and prepare of N+1,
+# detokenize and postprocess of N run while the device computes; sample waits for it, unless the
+# runner chains iterations (hidden_phases).
+HIDDEN = ("schedule", "prepare", "detokenize", "postprocess")
+HIDDEN_CHAINED = ("schedule", "prepare", "sample", "detokenize", "postprocess")
 FIGURES = ("gap_share", "gap_p50_us", "gap_p99_us", "throughput_tok_s", "tpot_ms_p50", "tpot_ms_p99")
 
 
 def overlap(spec: RunSpec, repeat: int = 1, out: Path | None = None, profile: bool = True) -> dict:
     """`repeat` rounds of the worked example without and with overlap; per run figures, medians, and the prediction."""
     spec = _with_host_time(spec)
-    source = _source(spec, profile)
+    source, hide = _source(spec, profile), hidden_phases(spec)
     runs = []
     with tempfile.TemporaryDirectory(prefix="itertrace-overlap-") as tmp:
         base = Path(out) if out is not None else Path(tmp)
@@ -39,20 +44,44 @@ def overlap(spec: RunSpec, repeat: int = 1, out: Path | None = None, profile: bo
                 name = f"overlap-{'on' if on else 'off'}-{r}"
                 _stage(spec, f"overlap: round {r + 1} of {repeat}, overlap {'on' if on else 'off'}")
                 runs.append({"round": r, "overlap": on, "name": name,
-                             **_one_run(replace(spec, overlap=on), base / name, source)})
+                             **_one_run(replace(spec, overlap=on), base / name, source, None if on else hide)})
     rounds = [_compare(r, [x for x in runs if x["round"] == r]) for r in range(repeat)]
     return {"experiment": "overlap", "runner": spec.runner, "simulated": spec.runner == "simulated",
             "workload": "worked-example: 16 requests, 8 slots; seven of the first eight stop at 32 tokens, "
                         "one runs to 512, and eight more wait",
             "capacity": spec.scheduler.max_num_seqs, "repeat": repeat, "source": source,
             "host_ns_per_iteration": spec.cost.host_ns if spec.runner == "simulated" else None,
-            "hide": ",".join(HIDDEN_BY_OVERLAP),
-            "hide_note": "overlap mode runs schedule and prepare of iteration N+1, and detokenize and postprocess "
-                         "of N, while the device computes; only sample waits for it (profiler/overlap.py)",
+            "hide": ",".join(hide), "hide_note": _hide_note(hide),
             "gap_share_definition": "host gaps (from each forward pass's end to the next one's start, none "
                                     "counted where they overlap) over wall time from the first step's start to "
                                     "the last step's end",
             "runs": runs, "rounds": rounds, "median": _medians(runs, rounds)}
+
+
+def hidden_phases(spec: RunSpec) -> tuple[str, ...]:
+    """The phases overlap mode takes off the critical path in this run: HIDDEN_CHAINED where the torch runner
+    chains iterations (TorchRunner.chains: on the CPU, every row greedy, as in the worked example), else HIDDEN."""
+    if spec.runner != "torch":
+        return HIDDEN
+    from itertrace.profiler.torch_runner import TorchRunner
+
+    device = spec.model.device or ("cuda" if _cuda() else "cpu")
+    return HIDDEN_CHAINED if hasattr(TorchRunner, "chains") and device == "cpu" else HIDDEN
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _hide_note(hide: tuple[str, ...]) -> str:
+    if "sample" in hide:
+        return ("overlap mode runs schedule and prepare of iteration N+1 while the device computes N, and launches "
+                "N+1 before sampling N (the runner chains them), so sample, detokenize and postprocess of N run "
+                "while the device computes N+1 (profiler/overlap.py)")
+    return ("overlap mode runs schedule and prepare of iteration N+1, and detokenize and postprocess of N, while "
+            "the device computes; only sample waits for it (profiler/overlap.py)")
 
 
 def _with_host_time(spec: RunSpec) -> RunSpec:
@@ -87,16 +116,16 @@ def _stage(spec: RunSpec, text: str) -> None:
         print(f"  {text}", file=sys.stderr, flush=True)
 
 
-def _one_run(spec: RunSpec, folder: Path, source: str) -> dict:
+def _one_run(spec: RunSpec, folder: Path, source: str, hide: tuple[str, ...] | None) -> dict:
     """One run into `folder` (its run logs in folder/run, its capture beside them); its figures."""
     if source == "nsys capture":
         from itertrace.ingest.profile import profile_command
 
         command = [sys.executable, "-m", "itertrace.cli", "run", "--workload", "worked-example", *run_flags(spec)]
         result = profile_command(command, folder, echo=io.StringIO())
-        return {"db": str(result.db), **from_capture(result.db, result.run_dir, predict=not spec.overlap)}
+        return {"db": str(result.db), **from_capture(result.db, result.run_dir, hide)}
     run(spec, build_requests(worked_example(), seed=spec.seed), run_dir=folder / "run", workload="worked-example")
-    return {"db": None, **from_run_dir(folder / "run", predict=not spec.overlap)}
+    return {"db": None, **from_run_dir(folder / "run", hide)}
 
 
 def run_flags(spec: RunSpec) -> list[str]:

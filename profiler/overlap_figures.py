@@ -5,7 +5,8 @@
   overlap (host_gaps.sql's definition); gap share = their sum / wall;
 - throughput: output tokens / wall; TPOT per request from the ends of the steps that sampled its
   tokens, (last - first) / (tokens - 1); percentiles linear (session.percentile);
-- the prediction (a run without overlap): what_if_overlap.sql's model with `hide` = HIDDEN_BY_OVERLAP.
+- the prediction (a run without overlap): what_if_overlap.sql's model with `hide` the phases overlap
+  mode takes off the critical path (overlap_experiment.hidden_phases).
   From a capture the query computes it; from run logs `predict_from_log` does, on the logged phase
   durations (the same model, step for step: see the query's header for why each term is what it is).
 """
@@ -20,17 +21,16 @@ import pyarrow.parquet as pq
 from itertrace.errors import UserError
 from itertrace.profiler.session import percentile
 
-# What overlap mode takes off the critical path (profiler/overlap.py): schedule and prepare of N+1,
-# detokenize and postprocess of N run while the device computes; sample waits for it.
-HIDDEN_BY_OVERLAP = ("schedule", "prepare", "detokenize", "postprocess")
 _TOKEN_KINDS = ("first_token", "token")
 
 
-def from_capture(db: Path, run_dir: Path, predict: bool) -> dict:
-    """A profiled run's figures through the queries host_gaps, request_latency_trace and what_if_overlap."""
+def from_capture(db: Path, run_dir: Path, hide: tuple[str, ...] | None) -> dict:
+    """A profiled run's figures through the queries host_gaps, request_latency_trace and what_if_overlap; with
+    `hide`, the prediction hiding those phases."""
     from itertrace.queries import QueryDB
 
-    with QueryDB(db, params={"hide": ",".join(HIDDEN_BY_OVERLAP) if predict else ""}) as q:
+    predict = hide is not None
+    with QueryDB(db, params={"hide": ",".join(hide or ())}) as q:
         gaps = [r["gap_ns"] for r in q.sql("SELECT gap_ns FROM host_gaps").to_pylist()]
         tracks = q.sql("SELECT tokens, wall_ns, predicted_wall_ns FROM what_if_overlap_summary").to_pylist()
         if len(tracks) != 1:
@@ -49,8 +49,8 @@ def _column(q, sql: str) -> list[float]:
     return [next(iter(r.values())) for r in q.sql(sql).to_pylist()]
 
 
-def from_run_dir(run_dir: Path, predict: bool) -> dict:
-    """A run's figures from its run logs (iterations.parquet and events.parquet), as from_capture defines them."""
+def from_run_dir(run_dir: Path, hide: tuple[str, ...] | None) -> dict:
+    """A run's figures from its run logs (iterations.parquet and events.parquet), as from_capture gives them."""
     rows = pq.read_table(run_dir / "iterations.parquet").to_pylist()
     rows.sort(key=lambda r: (r["start_ns"], r["iteration"]))
     busy = [r for r in rows if r["device_start_ns"] is not None]
@@ -65,8 +65,8 @@ def from_run_dir(run_dir: Path, predict: bool) -> dict:
     wall = max(ends.values()) - busy[0]["start_ns"]
     tokens = sum(len(its) for its in token_its.values())
     figures = _figures(host_gaps(busy), wall, tokens, _tpots(token_its, ends))
-    if predict:
-        predicted_ends = predict_from_log(rows)
+    if hide is not None:
+        predicted_ends = predict_from_log(rows, hide)
         predicted_wall = max(predicted_ends.values()) - busy[0]["start_ns"]
         figures["predicted"] = _prediction(tokens, wall, predicted_wall, _tpots(token_its, predicted_ends))
     return {**figures, **_outputs(run_dir)}
@@ -82,7 +82,7 @@ def host_gaps(busy: list[dict]) -> list[int]:
     return gaps
 
 
-def predict_from_log(rows: list[dict], hide: tuple[str, ...] = HIDDEN_BY_OVERLAP) -> dict[int, int]:
+def predict_from_log(rows: list[dict], hide: tuple[str, ...]) -> dict[int, int]:
     """Each iteration's predicted end, by what_if_overlap.sql's model, from a run log's rows in start order.
 
     predicted(N) = max(device(N), hidden(N+1)) + exposed(N); a run of iterations starts at the first
