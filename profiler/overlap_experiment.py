@@ -158,6 +158,7 @@ def _compare(r: int, pair: list[dict]) -> dict:
         "gap_share_ratio": on["gap_share"] / off["gap_share"] if off["gap_share"] else None,
         "throughput_gain": gain,
         "predicted_throughput_gain": predicted_gain,
+        "throughput_tok_s": on["throughput_tok_s"],
         "predicted_throughput_tok_s": predicted["throughput_tok_s"],
         "prediction_error": predicted["throughput_tok_s"] / on["throughput_tok_s"] - 1,
         "predicted_tpot_ms_p50": predicted["tpot_ms_p50"],
@@ -170,6 +171,7 @@ def _medians(runs: list[dict], rounds: list[dict]) -> dict:
     out = {mode: {f: statistics.median(x[f] for x in runs if x["overlap"] is (mode == "on")) for f in FIGURES}
            for mode in ("off", "on")}
     for key in ("throughput_gain", "predicted_throughput_gain", "prediction_error", "predicted_throughput_tok_s",
+                "throughput_tok_s",
                 "predicted_tpot_ms_p50", "predicted_tpot_ms_p99"):
         out[key] = statistics.median(r[key] for r in rounds)
     out["gap_share_ratio"] = out["on"]["gap_share"] / out["off"]["gap_share"] if out["off"]["gap_share"] else None

@@ -87,10 +87,10 @@ def format_overlap(result: dict) -> str:
              x["tokens_dropped"]] for x in result["runs"]]
     med = result["median"]
     runs += [[f"median {mode}", *(cell(med[mode], k) for k in keys), None] for mode in ("off", "on")]
-    rounds = [[f"round {r['round'] + 1}", r["throughput_gain"], r["predicted_throughput_gain"],
+    rounds = [[f"round {r['round'] + 1}", r["throughput_gain"], r["predicted_throughput_gain"], r["throughput_tok_s"],
                r["predicted_throughput_tok_s"], _pct(r["prediction_error"]), r["predicted_tpot_ms_p50"],
                r["predicted_tpot_ms_p99"], r["tokens_identical"], r["tokens_dropped"]] for r in result["rounds"]]
-    rounds.append(["median", med["throughput_gain"], med["predicted_throughput_gain"],
+    rounds.append(["median", med["throughput_gain"], med["predicted_throughput_gain"], med["throughput_tok_s"],
                    med["predicted_throughput_tok_s"], _pct(med["prediction_error"]), med["predicted_tpot_ms_p50"],
                    med["predicted_tpot_ms_p99"], med["tokens_identical"], None])
     host = result.get("host_ns_per_iteration")
@@ -102,7 +102,8 @@ def format_overlap(result: dict) -> str:
             + table(["run", *figure_cols, "tokens dropped"], runs)
             + f"\n\nwhat-if from each round's run without overlap (hide={result['hide']}: {result['hide_note']}), "
               f"beside its run with overlap:\n"
-            + table(["round", "gain measured", "gain predicted", "predicted tok/s", "predicted/measured - 1",
+            + table(["round", "gain measured", "gain predicted", "tok/s measured", "tok/s predicted",
+                     "predicted/measured - 1",
                      "predicted TPOT p50", "predicted TPOT p99", "tokens identical", "tokens dropped"], rounds)
             + f"\nmedian host-gap share with overlap / without: "
               f"{'-' if ratio is None else f'x{ratio:.3f}'}")

@@ -78,7 +78,7 @@ def test_json_keys(simulated):
         assert set(run) == {"round", "overlap", "name", "db", *figures} | (set() if run["overlap"] else {"predicted"})
     assert set(result["rounds"][0]) == {
         "round", "tokens_identical", "requests_differing", "tokens_dropped", "gap_share_ratio", "throughput_gain",
-        "predicted_throughput_gain", "predicted_throughput_tok_s", "prediction_error", "predicted_tpot_ms_p50",
+        "predicted_throughput_gain", "throughput_tok_s", "predicted_throughput_tok_s", "prediction_error", "predicted_tpot_ms_p50",
         "predicted_tpot_ms_p99"}
     assert set(result["median"]) >= {"off", "on", "throughput_gain", "prediction_error", "tokens_identical"}
 
