@@ -45,6 +45,9 @@ def overlap(spec: RunSpec, repeat: int = 1, out: Path | None = None, profile: bo
                 _stage(spec, f"overlap: round {r + 1} of {repeat}, overlap {'on' if on else 'off'}")
                 runs.append({"round": r, "overlap": on, "name": name,
                              **_one_run(replace(spec, overlap=on), base / name, source, None if on else hide)})
+    if out is None:  # the captures went with the temporary folder
+        for x in runs:
+            x["db"] = None
     rounds = [_compare(r, [x for x in runs if x["round"] == r]) for r in range(repeat)]
     return {"experiment": "overlap", "runner": spec.runner, "simulated": spec.runner == "simulated",
             "workload": "worked-example: 16 requests, 8 slots; seven of the first eight stop at 32 tokens, "
