@@ -1,10 +1,12 @@
-"""Fixtures shared by several test files: the sample captures, ingested once per session."""
+"""Fixtures shared by several test files: the sample captures, ingested once per session, and an empty
+capture-shaped database for the SQL diff tests."""
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
 import pytest
+from query_fixtures import TraceDB
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
 
@@ -22,3 +24,10 @@ def sample_dbs(tmp_path_factory) -> dict[str, Path]:
         dbs[mode] = folder / f"{mode}.duckdb"
         ingest([sample / "run", sample / "report.nsys-rep"], dbs[mode])
     return dbs
+
+
+@pytest.fixture(scope="module")
+def trace():
+    """A TraceDB for the SQL diff tests of one module: each test loads the rows it needs (TraceDB.load)."""
+    with TraceDB() as db:
+        yield db

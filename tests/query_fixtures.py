@@ -137,6 +137,17 @@ def push_pop(range_id: int, text: str, start_ns: int, end_ns: int | None, *, tid
             "parent_range_id": parent, "depth": depth}
 
 
+def step(range_id: int, iteration: int, start_ns: int, end_ns: int | None, *, tid: int = TID_A) -> dict:
+    """This engine's iteration range: a `step` push/pop range at depth 0 whose payload is the iteration."""
+    return push_pop(range_id, "step", start_ns, end_ns, payload=iteration, tid=tid)
+
+
+def phase(range_id: int, name: str, start_ns: int, end_ns: int | None, parent: int, *, depth: int = 1,
+          tid: int = TID_A) -> dict:
+    """A host phase range inside `parent` (a step, at depth 0, unless `depth` says otherwise)."""
+    return push_pop(range_id, name, start_ns, end_ns, parent=parent, depth=depth, tid=tid)
+
+
 def start_end(range_id: int, text: str, start_ns: int, end_ns: int | None, *, tid: int = TID_A,
               payload: int | None = None, domain: str | None = "itertrace") -> dict:
     """An nvtx_ranges start/end range: no parent, no depth."""

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-from query_fixtures import TraceDB
 
 
 def tokens(request_id: int, *iterations: int) -> list[dict]:
@@ -37,12 +36,6 @@ RUN = {
                    + tokens(3, 2) + moves(3, "preempt", 3)
                    + moves(4, "reject", 7)),
 }
-
-
-@pytest.fixture(scope="module")
-def trace():
-    with TraceDB() as db:
-        yield db
 
 
 @pytest.mark.parametrize("view", ["fairness", "fairness_progress"])

@@ -7,22 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from query_fixtures import (TID_A, TID_B, TID_C, TraceDB, api_call, gpu_op, projection, push_pop,
-                            start_end)
-
-
-@pytest.fixture(scope="module")
-def trace():
-    with TraceDB() as db:
-        yield db
-
-
-def step(range_id: int, iteration: int, start_ns: int, end_ns: int | None, *, tid: int = TID_A) -> dict:
-    return push_pop(range_id, "step", start_ns, end_ns, payload=iteration, tid=tid)
-
-
-def phase(range_id: int, name: str, start_ns: int, end_ns: int | None, parent: int, *, depth: int = 1,
-          tid: int = TID_A) -> dict:
-    return push_pop(range_id, name, start_ns, end_ns, parent=parent, depth=depth, tid=tid)
+                            start_end, phase, step)
 
 
 def gpu_launch(n: int, call_ns: int, gpu_start_ns: int, gpu_end_ns: int) -> dict[str, list[dict]]:

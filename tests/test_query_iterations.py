@@ -1,25 +1,10 @@
 """Diff tests of queries/iterations.sql: each step's host interval and device interval (GPU, device range, none)."""
 from __future__ import annotations
 
-import pytest
-from query_fixtures import (PID_100, PID_200, TID_A, TID_B, TID_C, TraceDB, api_call, gpu_op, make_db, projection,
-                            push_pop, sorted_rows, start_end)
+from query_fixtures import (PID_100, PID_200, TID_A, TID_B, TID_C, api_call, gpu_op, make_db, projection,
+                            push_pop, sorted_rows, start_end, phase, step)
 
 from itertrace.queries import QueryDB
-
-
-@pytest.fixture(scope="module")
-def trace():
-    with TraceDB() as db:
-        yield db
-
-
-def step(range_id: int, iteration: int, start_ns: int, end_ns: int | None, *, tid: int = TID_A) -> dict:
-    return push_pop(range_id, "step", start_ns, end_ns, payload=iteration, tid=tid)
-
-
-def phase(range_id: int, name: str, start_ns: int, end_ns: int | None, parent: int, *, tid: int = TID_A) -> dict:
-    return push_pop(range_id, name, start_ns, end_ns, parent=parent, depth=1, tid=tid)
 
 
 # Columns of `iterations`, in order:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-from query_fixtures import TraceDB
 
 
 def request(request_id: int, prompt_tokens: int, priority: int, tenant: str, arrival_ns: int,
@@ -31,12 +30,6 @@ RUN = {
     ],
     "run_events": tokens(1, 0, 1) + tokens(2, 0) + tokens(3, 1, 2, 3) + tokens(4, 2) + tokens(5, 2, 3) + tokens(6, 0),
 }
-
-
-@pytest.fixture(scope="module")
-def trace():
-    with TraceDB() as db:
-        yield db
 
 
 @pytest.mark.parametrize("view", ["latency_by_class_requests", "latency_by_class"])

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from query_fixtures import TID_A, TID_B, TraceDB, push_pop
+from query_fixtures import TID_A, TID_B, push_pop
 
 from itertrace.errors import UserError
 
@@ -19,12 +19,6 @@ DECODE_STEPS = {"nvtx_ranges": [
     push_pop(5, "decode_step_6", 300, 420, tid=TID_B, domain="engine"),
     push_pop(6, "decode_step_9_x", 400, 500, tid=TID_A, domain=None),  # the pattern is anchored
 ]}
-
-
-@pytest.fixture(scope="module")
-def trace():
-    with TraceDB() as db:
-        yield db
 
 
 def test_default_mapping_is_the_itertrace_preset(trace):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-from query_fixtures import TraceDB
 
 
 def iteration(k: int, dur_ns: int, members: list[int], scheduled: list[int], finished: list[int], *, stalled: int = 0,
@@ -30,12 +29,6 @@ STATIC = {
         iteration(5, 5, [], [], [], limit="queue_empty"),
     ],
 }
-
-
-@pytest.fixture(scope="module")
-def trace():
-    with TraceDB() as db:
-        yield db
 
 
 @pytest.mark.parametrize("view", ["membership", "membership_iterations", "membership_stranded"])

@@ -2,15 +2,8 @@
 phases on the engine's thread, forward passes numbered by iteration on a device thread)."""
 from __future__ import annotations
 
-import pytest
-from query_fixtures import (PID_100, TID_A, TID_B, TID_C, TraceDB, api_call, gpu_op, mark, projection, push_pop,
+from query_fixtures import (PID_100, TID_A, TID_B, TID_C, api_call, gpu_op, mark, projection, push_pop,
                             start_end)
-
-
-@pytest.fixture(scope="module")
-def trace():
-    with TraceDB() as db:
-        yield db
 
 
 def _overlap_trace() -> dict[str, list[dict]]:

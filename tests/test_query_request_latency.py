@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from query_fixtures import TID_A, TID_C, TraceDB, mark, push_pop
+from query_fixtures import TID_A, TID_C, mark, push_pop
 
 # Six iterations. On the run's clock iteration k runs [1000 + 100k, 1100 + 100k); on the capture's
 # clock its step range runs 9000 ns later, except that step 4 ends (and step 5 starts) 3 ns late.
@@ -51,12 +51,6 @@ TRACE = {
         mark(9, "tokens +3", 10302, 3, domain=None),  # another domain: not this engine's
     ],
 }
-
-
-@pytest.fixture(scope="module")
-def trace():
-    with TraceDB() as db:
-        yield db
 
 
 @pytest.mark.parametrize("view", ["request_latency_log_tokens", "request_latency_trace_tokens",

@@ -2,17 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from query_fixtures import TID_A, TID_C, TraceDB, projection, push_pop
-
-
-@pytest.fixture(scope="module")
-def trace():
-    with TraceDB() as db:
-        yield db
-
-
-def step(range_id: int, iteration: int, start_ns: int, end_ns: int | None, *, tid: int = TID_A) -> dict:
-    return push_pop(range_id, "step", start_ns, end_ns, payload=iteration, tid=tid)
+from query_fixtures import TID_A, TID_C, projection, push_pop, step
 
 
 def forward(range_id: int, start_ns: int, end_ns: int, parent: int, *, tid: int = TID_A) -> dict:

@@ -6,28 +6,13 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from query_fixtures import TID_A, TID_C, TraceDB, mark, pid_of, projection, push_pop
+from query_fixtures import TID_A, TID_C, mark, pid_of, projection, push_pop, phase, step
 
 from conftest import SAMPLES
 from itertrace.errors import UserError
 from itertrace.profiler.nvtx_ranges import PhaseName
 from itertrace.cli import main
 from itertrace.queries import QueryDB, set_params
-
-
-@pytest.fixture(scope="module")
-def trace():
-    with TraceDB() as db:
-        yield db
-
-
-def step(range_id: int, iteration: int, start_ns: int, end_ns: int | None, *, tid: int = TID_A) -> dict:
-    return push_pop(range_id, "step", start_ns, end_ns, payload=iteration, tid=tid)
-
-
-def phase(range_id: int, name: str, start_ns: int, end_ns: int | None, parent: int, *, depth: int = 1,
-          tid: int = TID_A) -> dict:
-    return push_pop(range_id, name, start_ns, end_ns, parent=parent, depth=depth, tid=tid)
 
 
 def tokens(mark_id: int, iteration: int, ts_ns: int, text: str) -> dict:
