@@ -50,8 +50,8 @@ def overlap(spec: RunSpec, repeat: int = 1, out: Path | None = None, profile: bo
             x["db"] = None
     rounds = [_compare(r, [x for x in runs if x["round"] == r]) for r in range(repeat)]
     return {"experiment": "overlap", "runner": spec.runner, "simulated": spec.runner == "simulated",
-            "workload": "worked-example: 16 requests, 8 slots; seven of the first eight stop at 32 tokens, "
-                        "one runs to 512, and eight more wait",
+            "workload": "the worked example: 16 requests; of the first eight, seven stop at 32 tokens and one "
+                        "runs to 512; eight more of 32 tokens wait",
             "capacity": spec.scheduler.max_num_seqs, "repeat": repeat, "source": source,
             "host_ns_per_iteration": spec.cost.host_ns if spec.runner == "simulated" else None,
             "hide": ",".join(hide), "hide_note": _hide_note(hide),
