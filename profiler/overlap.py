@@ -7,9 +7,17 @@ Each pass of the loop takes iteration N+1 while N is on the device:
     intake | schedule N+1 | prepare N+1 | (wait for N) sample N | launch N+1 | detokenize N | postprocess N
 
 so only sample waits for the device; schedule and prepare of N+1, detokenize and postprocess of N run
-while it computes. schedule N+1 sees N committed ahead of its tokens (Scheduler.commit_ahead):
-positions moved on, a placeholder for each token to come, and the requests that reach max_tokens in
-N finished, so no request is scheduled past its max_tokens. The placeholders in N+1's inputs become
+while it computes. Where the runner can put N's tokens into N+1's inputs on the device side (the
+torch runner on the CPU, when N's rows are all greedy: `chains`), N+1 is launched before waiting for N
+
+    intake | schedule N+1 | prepare N+1 | launch N+1 | (wait for N) sample N | detokenize N | postprocess N
+
+and the device goes from N to N+1 without waiting for the host to wake up (on a busy machine a woken
+thread may wait milliseconds for a core).
+
+schedule N+1 sees N committed ahead of its tokens (Scheduler.commit_ahead): positions moved on, a
+placeholder for each token to come, and the requests that reach max_tokens in N finished, so no
+request is scheduled past its max_tokens. The placeholders in N+1's inputs become
 N's tokens when N+1 is launched (the runner puts them in). postprocess N puts N's tokens into the
 requests (Scheduler.commit_sampled): a request whose token is a stop token finishes in N and the
 token N+1 computes for it is dropped, as is the token of a request canceled while N ran; dropped
@@ -32,6 +40,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from itertrace.profiler.batch import Batch
 from itertrace.profiler.intake import Intake, NoProgress
 from itertrace.profiler.nvtx_ranges import FINISH, PhaseName, StepTimes
 from itertrace.profiler.records import RunResult
@@ -96,8 +105,13 @@ def overlap_steps(engine: Engine, requests: Iterable[Request]) -> Generator[None
         idle_runs = 0
         with tracer.phase(PhaseName.PREPARE, times):
             prepared = runner.prepare(decision.batch)
-        previous = None if ahead is None else _collect(engine, ahead)
-        runner.launch(prepared, decision.swap, previous, tracer.device_forward(iteration, times))
+        on_device = tracer.device_forward(iteration, times)
+        if ahead is not None and chains(runner, ahead.decision.batch):  # queued behind N: no wait between them
+            runner.launch(prepared, decision.swap, None, on_device)
+            previous = _collect(engine, ahead)
+        else:
+            previous = None if ahead is None else _collect(engine, ahead)
+            runner.launch(prepared, decision.swap, previous, on_device)
         if ahead is not None:
             _complete(engine, ahead, previous, result, times)
         launched.kv = record.kv_counts()
@@ -106,6 +120,13 @@ def overlap_steps(engine: Engine, requests: Iterable[Request]) -> Generator[None
         if engine.progress is not None:
             engine.report_progress(iteration, 1, intake.taken)
     return record.end(result, iteration, clock.now_ns())
+
+
+def chains(runner: object, batch: Batch) -> bool:
+    """Whether the runner can launch the next iteration before `batch`'s tokens are collected, putting them
+    into its placeholders on the device side (TorchRunner.chains); runners without the method cannot."""
+    can = getattr(runner, "chains", None)
+    return can is not None and can(batch)
 
 
 def _collect(engine: Engine, ahead: _Launched) -> np.ndarray:

@@ -1,6 +1,8 @@
 """The real runner: a torch transformer over a paged KV cache, on the CPU or a CUDA device."""
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from itertrace.profiler.decode_inputs import DecodeInputs
 from itertrace.profiler.launcher import Launcher
 from itertrace.profiler.model import AttentionMetadata, ModelConfig, random_model
 from itertrace.profiler.sampling import Sampler
+from itertrace.profiler.scripted_decode import ScriptedDecode
 
 
 @dataclass
@@ -71,6 +74,7 @@ class TorchRunner:
         else:
             self.model = random_model(config or ModelConfig(), seed=seed, device=self.device)
         self.config = self.model.config
+        self._scripted = ScriptedDecode(self.model)  # all-decode batches on the CPU, without the GIL
         self.num_blocks, self.block_size, self.swap_blocks = num_blocks, block_size, swap_blocks
         c = self.config
         block_shape = (block_size, c.num_kv_heads, c.head_dim)
@@ -86,8 +90,12 @@ class TorchRunner:
         # decode inputs, two so that overlap mode prepares into one while a forward pass reads the other
         self._inputs: list[DecodeInputs | None] = [None, None]
         self._prepared_in: int | None = None  # which of them the last prepared batch uses (None: neither)
-        self._reading: int | None = None  # which of them the forward pass on the device reads (overlap mode)
+        self._reading: deque[int | None] = deque()  # which of them each forward pass in flight reads (overlap)
         self._launcher = Launcher(self.device)  # overlap mode: runs forward passes beside the host
+        # overlap mode on the CPU: the greedy tokens of the last forward pass, argmaxed on the device thread,
+        # which a chained launch puts into the next one's placeholders; and those of the last one collected
+        self._device_tokens: Tensor | None = None
+        self._collected: tuple[Tensor, Tensor] | None = None
         # what an all-decode batch is checked against: the largest token id, position and slot, plus one
         self._decode_limits = (self.config.vocab_size, self.config.max_position, num_blocks * block_size)
 
@@ -107,7 +115,7 @@ class TorchRunner:
         """
         if batch.block_size != self.block_size:
             raise ValueError(f"batch block_size {batch.block_size} != runner block_size {self.block_size}")
-        slot = 1 if self._reading == 0 else 0  # not the inputs a forward pass on the device reads
+        slot = 1 if 0 in self._reading else 0  # not the inputs a forward pass on the device reads
         n, inputs = batch.num_seqs, self._inputs[slot]
         self._prepared_in = None
         if inputs is not None and batch.num_tokens is inputs.num_tokens and len(batch.token_ids) == n:
@@ -241,31 +249,61 @@ class TorchRunner:
         if prepared.placeholders is not None:
             raise ValueError("the batch's token ids hold placeholders: launch puts their tokens in, forward cannot")
         with torch.inference_mode():
+            if ScriptedDecode.handles(prepared.meta, self.device):
+                return self._scripted(prepared.input_ids, prepared.positions, self.layer_caches, prepared.meta,
+                                      prepared.sample_rows)
             if prepared.input_ids.numel():
                 hidden = self.model(prepared.input_ids, prepared.positions, self.layer_caches, prepared.meta)  # [T, H]
                 return self.model.compute_logits(hidden[prepared.sample_rows])  # [S, vocab]
             return torch.empty((0, self.vocab_size), dtype=self.config.torch_dtype, device=self.device)
 
     # ---- overlap mode ---------------------------------------------------------------------------------
+    def chains(self, batch: Batch) -> bool:
+        """Whether the next iteration may be launched before this one (in flight) is collected: on the CPU,
+        when every row of `batch` is greedy, its tokens are argmaxed on the device thread, which puts them
+        into the next one's placeholders itself (as a GPU engine samples on the device), so the device goes
+        from one forward pass to the next without waiting for the host."""
+        return self._launcher.depth > 1 and all(p.temperature == 0.0 for p in batch.sampling)
+
     def launch(self, prepared: PreparedBatch, swap: SwapPlan, previous: np.ndarray | None, on_device) -> None:
         """Start the swaps and the forward pass and return while they run (see Launcher); the placeholders get
-        `previous`'s tokens first."""
-        self._put_tokens(prepared, previous)
-        self._reading = self._prepared_in
+        `previous`'s tokens first, or, with `previous` None behind a forward pass in flight (see `chains`),
+        that one's greedy tokens, on the device thread."""
+        chained = previous is None and prepared.placeholders is not None and self._launcher.in_flight > 0
+        if not chained:
+            self._put_tokens(prepared, previous)
+        self._reading.append(self._prepared_in)
+        on_cpu = self.device.type == "cpu"
 
-        def work() -> Tensor:
+        def work(ready: Callable[[], None]) -> Tensor | tuple[Tensor, Tensor]:
+            if chained:
+                tokens, self._device_tokens = self._device_tokens, None
+                self._put_tokens(prepared, None if tokens is None else tokens.numpy())
             if swap.swap_out or swap.swap_in:
                 self.swap(swap)
-            return self._logits(prepared)
+            ready()  # the forward pass before this one may be collected now (see launcher._device_loop)
+            logits = self._logits(prepared)
+            if not on_cpu:
+                return logits
+            self._device_tokens = logits.to(torch.float32).argmax(-1)  # as Sampler does for greedy rows
+            return logits, self._device_tokens
 
-        self._launcher.launch(work, on_device, prepared)
+        try:
+            self._launcher.launch(work, on_device, prepared)
+        except BaseException:
+            self._reading.pop()
+            raise
 
     def collect(self) -> Tensor:
-        """Wait for the launched forward pass; its logits (on CUDA in pinned host memory)."""
+        """Wait for the oldest forward pass launched; its logits (on CUDA in pinned host memory)."""
         try:
-            return self._launcher.collect()
+            out = self._launcher.collect()
         finally:
-            self._reading = None
+            if self._reading:
+                self._reading.popleft()
+        logits, tokens = out if isinstance(out, tuple) else (out, None)
+        self._collected = None if tokens is None else (logits, tokens)
+        return logits
 
     def _put_tokens(self, prepared: PreparedBatch, previous: np.ndarray | None) -> None:
         """Write the previous iteration's tokens where the batch has placeholders."""
@@ -288,6 +326,9 @@ class TorchRunner:
         if logits.shape[0] != len(rows):
             raise ValueError(f"{logits.shape[0]} rows of logits for {len(rows)} sampling sequences")
         params = [batch.sampling[i] for i in rows.tolist()]
+        collected, self._collected = self._collected, None
+        if collected is not None and collected[0] is logits and all(p.temperature == 0.0 for p in params):
+            return collected[1].numpy()  # argmaxed on the device thread
         tokens = self.sampler.sample(batch.request_ids[rows].tolist(), params, logits)
         return np.array(tokens, dtype=np.int64)
 

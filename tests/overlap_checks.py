@@ -25,13 +25,13 @@ class CheckedRunner:
         self.runs_in_bulk, self.overlaps = False, inner.overlaps  # every batch goes through prepare, to be checked
         self.by_id = {r.request_id: r for r in requests}
         self.prepared: set[int] = set()  # requests of the batch prepared and not yet launched
-        self.on_device: set[int] = set()  # requests of the batch launched and not yet collected
+        self.on_device: list[set[int]] = []  # requests of each batch launched and not yet collected, oldest first
         self.batches = 0
         self.filled: set[int] = set()  # swap slots that a swap-out made has filled
         give_back = blocks.device.give_back
 
         def checked_give_back(owner: int, returned: list[int]) -> None:
-            if owner in self.prepared | self.on_device:
+            if owner in self.prepared.union(*self.on_device):
                 assert self.by_id[owner].phase is Phase.PREEMPTED, (
                     f"blocks {returned} of request {owner} ({self.by_id[owner].phase.value}) freed while the device reads them")
             give_back(owner, returned)
@@ -56,20 +56,26 @@ class CheckedRunner:
         return self.inner.prepare(batch)
 
     def forward(self, prepared):
-        self.on_device, self.prepared = self.prepared, set()
+        self.on_device, self.prepared = [self.prepared], set()
         logits = self.inner.forward(prepared)
-        self.on_device = set()
+        self.on_device = []
         return logits
 
+    def chains(self, batch: Batch) -> bool:
+        inner = getattr(self.inner, "chains", None)
+        return inner is not None and inner(batch)
+
     def launch(self, prepared, swap, previous, on_device) -> None:
-        assert not self.on_device, "a second launch before the first was collected"
-        self.on_device, self.prepared = self.prepared, set()
+        assert not self.on_device or previous is None, "a second launch before the first was collected"
+        assert len(self.on_device) < 2, "a third launch before the first was collected"
+        self.on_device.append(self.prepared)
+        self.prepared = set()
         self._swapped(swap)
         self.inner.launch(prepared, swap, previous, on_device)
 
     def collect(self):
         logits = self.inner.collect()
-        self.on_device = set()
+        self.on_device.pop(0)
         return logits
 
     def sample(self, batch: Batch, logits) -> np.ndarray:

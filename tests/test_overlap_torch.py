@@ -18,6 +18,7 @@ from itertrace.profiler.batch import Batch, SamplingParams, SwapPlan
 from itertrace.profiler.clock import WallClock
 from itertrace.profiler.engine import Engine
 from itertrace.profiler.kv import BlockManager
+from itertrace.profiler.launcher import Launcher
 from itertrace.profiler.model import ModelConfig
 from itertrace.profiler.request import Phase, PreemptKind
 from itertrace.profiler.scheduler import Scheduler, SchedulerConfig
@@ -103,6 +104,52 @@ def test_prepare_writes_into_the_inputs_no_forward_pass_reads():
     assert torch.equal(runner.collect(), want[0])
     runner.launch(after, SwapPlan(), None, _Where())
     assert torch.equal(runner.collect(), want[1])
+
+
+def test_a_chained_launch_takes_the_greedy_tokens_of_the_one_before_on_the_device():
+    """Launched behind a forward pass in flight with no tokens given (`chains`: all rows greedy), a batch's
+    placeholders get that pass's argmax on the device thread: both give the logits of running them one after
+    the other with the tokens written in, and `sample` gives the argmax without the sampler."""
+    tables, ones = np.array([[0, 1], [2, 3]]), np.ones(2, dtype=np.int64)
+    first = decode_batch(0, [11, 12], [3, 2], tables, ones=ones)
+    plain = TorchRunner(SMALL, num_blocks=8, block_size=BLOCK, seed=6)
+    want_first = plain.forward(plain.prepare(first))
+    greedy = want_first.argmax(-1).tolist()
+    want_second = plain.forward(plain.prepare(decode_batch(1, [greedy[1], greedy[0]], [4, 3], tables, ones=ones)))
+    runner = TorchRunner(SMALL, num_blocks=8, block_size=BLOCK, seed=6)
+    assert runner.chains(first) and not runner.chains(replace(first, sampling=(SamplingParams(temperature=1.0),) * 2))
+    runner.launch(runner.prepare(first), SwapPlan(), None, _Where())
+    runner.launch(runner.prepare(decode_batch(1, [-2, -1], [4, 3], tables, ones=ones)), SwapPlan(), None, _Where())
+    got_first = runner.collect()
+    assert torch.equal(got_first, want_first)
+    assert runner.sample(first, got_first).tolist() == greedy
+    assert torch.equal(runner.collect(), want_second)
+
+
+def test_a_result_is_known_once_the_pass_queued_behind_it_reaches_its_forward():
+    """On the CPU the device thread makes N's result known only when the work queued behind it calls the
+    function it is given (just before its forward pass), so the host never wakes while the device thread
+    still needs the GIL to start N+1; with nothing queued, at once."""
+    launcher, gate, events = Launcher(torch.device("cpu")), threading.Event(), []
+
+    def first(ready):
+        gate.wait()
+        return "first"
+
+    def second(ready):
+        events.append("second reaches its forward pass")
+        ready()
+        return "second"
+
+    launcher.launch(first, _Where(), None)
+    launcher.launch(second, _Where(), None)  # queued behind the first
+    gate.set()
+    assert launcher.collect() == "first"
+    events.append("first collected")
+    assert events == ["second reaches its forward pass", "first collected"]
+    assert launcher.collect() == "second"
+    with pytest.raises(RuntimeError, match="no forward pass was launched"):
+        launcher.collect()
 
 
 def _torch_run(specs, cfg, *, overlap, num_blocks, block_size=4, swap_blocks=0, sampling=None, config=TINY):

@@ -11,6 +11,7 @@ import torch
 from itertrace.profiler.batch import Batch, SamplingParams, SeqWork, SwapPlan
 from itertrace.profiler.model import ModelConfig
 from itertrace.profiler.sampling import Sampler, filter_logits
+from itertrace.profiler.scripted_decode import ScriptedDecode
 from itertrace.profiler.torch_runner import TorchRunner
 
 BLOCK = 4
@@ -390,3 +391,25 @@ def test_the_seed_picks_the_token_stream() -> None:
     assert stream(0, seed=1) == stream(5, seed=1)
     assert stream(0, seed=1) != stream(0, seed=2)
     assert len({tuple(stream(0, seed)) for seed in range(4)}) == 4
+
+
+@pytest.mark.parametrize("config", [SMALL, SMALL_GQA], ids=["mha", "gqa"])
+def test_scripted_decode_gives_the_eager_logits(config: ModelConfig) -> None:
+    """The all-decode forward pass runs as one TorchScript call (without the GIL): bit for bit the logits of
+    the model's eager forward over the same inputs and cache."""
+    runner = TorchRunner(config, num_blocks=32, block_size=BLOCK, seed=5)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(256) for _ in range(k)] for k in (9, 3, 14)]
+    tables = [[3, 8, 1, 20], [5], [30, 2, 11, 17]]
+    runner.forward(runner.prepare(Batch.from_seqs(0, tuple(work(i, p, 0, t) for i, (p, t) in
+                                                        enumerate(zip(prompts, tables))), BLOCK)))
+    batch = decode_batch(1, [7, 70, 200], [len(p) for p in prompts],
+                         np.array([t + [-1] * (4 - len(t)) for t in tables]), block_size=BLOCK)
+    prepared = runner.prepare(batch)
+    assert ScriptedDecode.handles(prepared.meta, runner.device)
+    scripted = runner._scripted(prepared.input_ids, prepared.positions, runner.layer_caches, prepared.meta,
+                                prepared.sample_rows)
+    with torch.inference_mode():
+        hidden = runner.model(prepared.input_ids, prepared.positions, runner.layer_caches, prepared.meta)
+        eager = runner.model.compute_logits(hidden[prepared.sample_rows])
+    assert torch.equal(scripted, eager)
