@@ -65,8 +65,8 @@ def overlap_timelines_chart(off: pa.Table, on: pa.Table, *, first_iteration: int
     return alt.vconcat(one(off, "without overlap"), one(on, "with overlap")).resolve_scale(x="shared").properties(
         title=alt.Title(f"Host phases and device intervals, iterations {first_iteration} to "
                         f"{first_iteration + count - 1}",
-                        subtitle="white space in a device lane is a host gap; with overlap the host's schedule and "
-                                 "prepare run while the device computes"))
+                        subtitle="white space in a device lane is a host gap; with overlap the host phases that overlap "
+                                 "mode hides run while the device computes"))
 
 
 def _overlap_flag(run: RunData) -> bool | None:
