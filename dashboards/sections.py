@@ -10,13 +10,14 @@ from itertrace.dashboards import charts
 from itertrace.dashboards.blocks import ChartBlock, NoteBlock, RunData, Section, TableBlock
 from itertrace.dashboards.chart_data import label_runs
 from itertrace.dashboards.gpu_sections import gpu_sections
+from itertrace.dashboards.overlap_charts import overlap_section
 
 DETAIL_ITERATIONS = 200  # a binned membership chart is followed by its first iterations in detail
 
 
 def sections(runs: list[RunData]) -> list[Section]:
     """Every section, in page order, that at least notes something for these runs."""
-    built = (*gpu_sections(runs), _gaps(runs), _timeline(runs), _membership(runs), _slot_time(runs), _active(runs),
+    built = (*gpu_sections(runs), _gaps(runs), _timeline(runs), overlap_section(runs), _membership(runs), _slot_time(runs), _active(runs),
              _latency(runs), _fairness(runs), _agreement(runs))
     return [s for s in built if s is not None]
 

@@ -1,8 +1,9 @@
 """`itertrace demo`: the whole product on its built-in defaults, from the scheduling experiments to a report.
 
 Three scheduling experiments (worked example, stranded slot-time, fairness) run on the simulated runner (a cost model: every table says so); a
-short live run of the torch engine is captured with Nsight Systems where it is installed; every run
-is ingested into its own database, queried, and gathered into one self-contained HTML report.
+short live run of the torch engine is captured with Nsight Systems where it is installed, and so are
+the overlap experiment's two torch runs of the worked example, without and with overlap; every run
+is ingested into its own database, queried, and gathered into self-contained HTML reports.
 """
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from itertrace.errors import UserError
 
 # The live run: the worked example on the torch runner, one CPU thread (see sample_traces/README.md).
 LIVE = ["run", "--runner", "torch", "--workload", "worked-example", "--capacity", "8", "--seed", "0"]
+# The overlap experiment: one round, the worked example on the torch runner without and with overlap
+# (about a minute here, profiled).
+OVERLAP = ["run", "--runner", "torch", "--capacity", "8", "--seed", "0"]
 
 
 # The reports, each comparing runs of one study: (file, title, run-name prefix).
@@ -79,6 +83,7 @@ def _demo(out: Path, args: argparse.Namespace) -> None:
     ):
         print(f"== {name} ==\n{format_experiment(result)}\n", flush=True)
 
+    overlap_dbs = _overlap(out / "overlap", profile=not args.no_profile)
     live = _live_run(out / "live", profile=not args.no_profile)
     dbs_by_run = {run_dir.name: _ingest(run_dir, dbs)
                   for run_dir in sorted(runs.iterdir()) if (run_dir / "run.json").is_file()}
@@ -92,15 +97,35 @@ def _demo(out: Path, args: argparse.Namespace) -> None:
             paths, labels = (live, *paths), ("live torch run", *labels)
         written = write_report(build_report(list(paths), list(labels), title=title), out / file_name)
         reports.append(written.html.resolve())
-    print(f"\nreport: {reports[0]}\n  also: {reports[1]}\n        {reports[2]}")
-    print(f"databases: {dbs.resolve()}/*.duckdb and {live.resolve()}\n"
+    written = write_report(build_report(overlap_dbs, ["overlap off", "overlap on"], title=OVERLAP_TITLE),
+                           out / "overlap.html")
+    reports.append(written.html.resolve())
+    print(f"\nreport: {reports[0]}\n  also: " + "\n        ".join(str(r) for r in reports[1:]))
+    print(f"databases: {dbs.resolve()}/*.duckdb, {live.resolve()} and {(out / 'overlap').resolve()}/*\n"
           f"  e.g. itertrace query host_gaps_by_phase --db {live}")
 
 
-def _ingest(run_dir: Path, dbs: Path) -> Path:
+OVERLAP_TITLE = "itertrace demo: the worked example without and with overlap (torch)"
+
+
+def _overlap(folder: Path, *, profile: bool) -> list[Path]:
+    """The overlap experiment, one round on the torch runner: its table printed; the two runs' databases."""
+    from itertrace.cli import build_parser
+    from itertrace.profiler.cli import spec_from_args
+    from itertrace.profiler.overlap_experiment import overlap
+    from itertrace.profiler.summary_table import format_experiment
+
+    result = overlap(spec_from_args(build_parser().parse_args(OVERLAP)), 1, folder, profile=profile)
+    how = "profiled with nsys" if result["source"] == "nsys capture" else "from the run logs, not profiled"
+    print(f"== overlap off and on (torch runner, {how}) ==\n{format_experiment(result)}\n", flush=True)
+    return [Path(r["db"]) if r["db"] else _ingest(folder / r["name"] / "run", folder, r["name"])
+            for r in sorted(result["runs"], key=lambda r: r["overlap"])]
+
+
+def _ingest(run_dir: Path, dbs: Path, name: str | None = None) -> Path:
     from itertrace.ingest import ingest
 
-    db = dbs / f"{run_dir.name}.duckdb"
+    db = dbs / f"{name or run_dir.name}.duckdb"
     ingest([run_dir], db)
     return db
 

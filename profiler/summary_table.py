@@ -67,8 +67,46 @@ def format_experiment(result: dict) -> str:
         return (f"{head}\ncapacity {result['capacity']}, {result['requests_per_workload']} requests per workload; "
                 f"uniform: 128 tokens each; variable: {mix}, {result['variable_lengths_note']}\n"
                 f"{body}\ncontinuous/static throughput: {ratios}{extra}\n\n{result['conclusion']}")
+    if result["experiment"] == "overlap":
+        return f"{head}\n{format_overlap(result)}"
     cols = list(result["rows"][0])
     return f"{head}\n{table(cols, [[r[c] for c in cols] for r in result['rows']])}"
+
+
+def _pct(v: float | None) -> str | None:
+    return None if v is None else f"{100 * v:.1f}%"
+
+
+def format_overlap(result: dict) -> str:
+    """Each run's figures and the medians; then, per round, the prediction beside the measured run with overlap."""
+    figure_cols = ["gap share", "gap p50 (us)", "gap p99 (us)", "throughput (tok/s)", "TPOT p50 (ms)",
+                   "TPOT p99 (ms)"]
+    keys = ["gap_share", "gap_p50_us", "gap_p99_us", "throughput_tok_s", "tpot_ms_p50", "tpot_ms_p99"]
+    cell = lambda f, k: _pct(f[k]) if k == "gap_share" else f[k]  # noqa: E731
+    runs = [[f"round {x['round'] + 1} {'on' if x['overlap'] else 'off'}", *(cell(x, k) for k in keys),
+             x["tokens_dropped"]] for x in result["runs"]]
+    med = result["median"]
+    runs += [[f"median {mode}", *(cell(med[mode], k) for k in keys), None] for mode in ("off", "on")]
+    rounds = [[f"round {r['round'] + 1}", r["throughput_gain"], r["predicted_throughput_gain"], r["throughput_tok_s"],
+               r["predicted_throughput_tok_s"], _pct(r["prediction_error"]), r["predicted_tpot_ms_p50"],
+               r["predicted_tpot_ms_p99"], r["tokens_identical"], r["tokens_dropped"]] for r in result["rounds"]]
+    rounds.append(["median", med["throughput_gain"], med["predicted_throughput_gain"], med["throughput_tok_s"],
+                   med["predicted_throughput_tok_s"], _pct(med["prediction_error"]), med["predicted_tpot_ms_p50"],
+                   med["predicted_tpot_ms_p99"], med["tokens_identical"], None])
+    host = result.get("host_ns_per_iteration")
+    setup = (f"{result['workload']}; capacity {result['capacity']}; {result['repeat']} round(s), each one run without "
+             f"and one with overlap, the order swapped every round"
+             + (f"; the cost model's host time {host / 1e6:g} ms per iteration" if host else ""))
+    ratio = med["gap_share_ratio"]
+    return (f"{setup}\nfigures from the {result['source']}; gap share = {result['gap_share_definition']}\n"
+            + table(["run", *figure_cols, "tokens dropped"], runs)
+            + f"\n\nwhat-if from each round's run without overlap (hide={result['hide']}: {result['hide_note']}), "
+              f"beside its run with overlap:\n"
+            + table(["round", "gain measured", "gain predicted", "tok/s measured", "tok/s predicted",
+                     "predicted/measured - 1",
+                     "predicted TPOT p50", "predicted TPOT p99", "tokens identical", "tokens dropped"], rounds)
+            + f"\nmedian host-gap share with overlap / without: "
+              f"{'-' if ratio is None else f'x{ratio:.3f}'}")
 
 
 def format_agreement(result: dict) -> str:

@@ -10,16 +10,16 @@ from itertrace.errors import UserError
 
 
 @pytest.mark.slow
-def test_demo_writes_three_reports_and_prints_the_headlines(tmp_path, capsys):
+def test_demo_writes_four_reports_and_prints_the_headlines(tmp_path, capsys):
     out = tmp_path / "demo"
     profiled = shutil.which("nsys") is not None
     assert main(["demo", "--out", str(out), "--requests", "64"] + ([] if profiled else ["--no-profile"])) == 0
     text = capsys.readouterr().out
     for heading in ("== worked example (simulated) ==", "== stranded slot-time (simulated) ==",
-                    "== fairness (simulated) ==", "== live torch run"):
+                    "== fairness (simulated) ==", "== live torch run", "== overlap off and on (torch runner"):
         assert heading in text
     assert f"report: {(out / 'report.html').resolve()}" in text
-    for name in ("report.html", "slot-time.html", "fairness.html"):
+    for name in ("report.html", "slot-time.html", "fairness.html", "overlap.html"):
         page = (out / name).read_text()
         assert "<script" in page and "https://cdn" not in page and "vega" in page
     assert sorted(p.name for p in (out / "db").iterdir()) == sorted(
@@ -29,6 +29,7 @@ def test_demo_writes_three_reports_and_prints_the_headlines(tmp_path, capsys):
     if profiled:
         assert (out / "live" / "report.nsys-rep").is_file()
         assert "host gaps:" in text and "latency rebuilt from the trace alone agrees" in text
+        assert "figures from the nsys capture" in text and 'id="overlap"' in (out / "overlap.html").read_text()
     # a second demo into the same folder replaces the first
     assert main(["demo", "--out", str(out), "--requests", "16", "--no-profile"]) == 0
     assert (out / "report.html").is_file() and sorted(p.name for p in out.parent.iterdir()) == [out.name]
