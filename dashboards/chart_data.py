@@ -13,12 +13,27 @@ from typing import Any
 import altair as alt
 import duckdb
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 (pa.compute)
 
 NS_PER_MS = 1_000_000
 
 # A table as the chart functions take it: a pyarrow Table, a pandas DataFrame, or anything that
 # speaks the Arrow C stream protocol (polars, a DuckDB relation).
 TableLike = Any
+
+
+# About three years in ns: times past it count from the Unix epoch, not from the capture's start (a
+# PyTorch profiler trace without baseTimeNanoseconds keeps its events' Unix times).
+EPOCH_NS = 10**17
+
+
+def time_origin(table: pa.Table, column: str) -> tuple[int, str]:
+    """Where a chart's time axis counts from, and the axis title: the capture's start (time 0), or the
+    earliest `column` of `table` where its times count from the Unix epoch."""
+    first = pa.compute.min(table.column(column)).as_py() if table.num_rows else None
+    if first is not None and first >= EPOCH_NS:
+        return first, "time since the first event shown (ms)"
+    return 0, "time since the capture started (ms)"
 
 
 def as_arrow(table: TableLike, columns: Sequence[str] = (), *, what: str = "table") -> pa.Table:

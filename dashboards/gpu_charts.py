@@ -5,7 +5,7 @@ import enum
 
 import altair as alt
 
-from itertrace.dashboards.chart_data import NS_PER_MS, TableLike, as_arrow, sql, sql_text
+from itertrace.dashboards.chart_data import NS_PER_MS, TableLike, as_arrow, sql, sql_text, time_origin
 
 IDLE_COLUMNS = ("device_id", "global_pid", "start_ns", "end_ns", "kind")
 WINDOW_COLUMNS = ("device_id", "global_pid", "window_start_ns", "window_end_ns")
@@ -51,6 +51,7 @@ def gpu_time_chart(idle: TableLike, gpu_time: TableLike, *, max_points: int = 40
     windows = as_arrow(gpu_time, WINDOW_COLUMNS, what="gpu_time").select(list(WINDOW_COLUMNS))
     gpus = max(1, windows.num_rows)
     bins = max(10, max_points // (gpus * len(TimeKind)))
+    origin, axis_title = time_origin(windows, "window_start_ns")
     data = sql(f"""
         WITH w AS (SELECT min(window_start_ns) AS lo, max(window_end_ns) AS hi,
                           greatest(1, ceil((max(window_end_ns) - min(window_start_ns)) / {bins}))::BIGINT AS width
@@ -76,7 +77,7 @@ def gpu_time_chart(idle: TableLike, gpu_time: TableLike, *, max_points: int = 40
                LEFT JOIN idle AS i USING (device_id, global_pid, bin, kind)
                LEFT JOIN idle_sums AS t USING (device_id, global_pid, bin))
         SELECT 'GPU ' || device_id::VARCHAR || ', pid ' || ((global_pid >> 24) & 16777215)::VARCHAR AS gpu,
-               bin_lo / {NS_PER_MS} AS start_ms, bin_hi / {NS_PER_MS} AS end_ms, title AS kind, kind_rank,
+               (bin_lo - {origin}) / {NS_PER_MS} AS start_ms, (bin_hi - {origin}) / {NS_PER_MS} AS end_ms, title AS kind, kind_rank,
                ns / (bin_hi - bin_lo) AS share, ns / {NS_PER_MS} AS ms
         FROM parts
         ORDER BY gpu, start_ms, kind_rank""", s=spans, g=windows)
@@ -85,7 +86,7 @@ def gpu_time_chart(idle: TableLike, gpu_time: TableLike, *, max_points: int = 40
         "GPU time over the capture: busy, and idle by kind",
         subtitle=f"share of each of {bins} equal bins of the capture window; hover for a bin's times")).mark_area(
             interpolate="step-after").encode(
-        x=alt.X("start_ms:Q", title="time since the capture started (ms)", scale=alt.Scale(zero=False, nice=False)),
+        x=alt.X("start_ms:Q", title=axis_title, scale=alt.Scale(zero=False, nice=False)),
         y=alt.Y("share:Q", stack="zero", title="share of the bin", axis=alt.Axis(format="%"),
                 scale=alt.Scale(domain=[0, 1])),
         color=alt.Color("kind:N", sort=titles, scale=kind_scale(), title=None),

@@ -13,6 +13,7 @@ from itertrace.dashboards.chart_data import (
     iteration_span,
     sql,
     sql_text,
+    time_origin,
 )
 
 UNATTRIBUTED = "unattributed"
@@ -185,6 +186,7 @@ def iteration_timeline_chart(iterations: TableLike, *, max_iterations: int = 200
     table = as_arrow(iterations, ITERATIONS_COLUMNS, what="iterations").select(list(ITERATIONS_COLUMNS))
     total = table.num_rows
     start = "(SELECT min(iteration) FROM t)" if first_iteration is None else str(int(first_iteration))
+    origin, axis_title = time_origin(table, "host_start_ns")
     data = sql(f"""
         WITH kept AS (SELECT * FROM t WHERE iteration >= {start} ORDER BY iteration LIMIT {int(max_iterations)}),
              tracks AS (SELECT count(DISTINCT global_tid) AS n FROM kept),
@@ -195,7 +197,7 @@ def iteration_timeline_chart(iterations: TableLike, *, max_iterations: int = 200
                SELECT global_tid, iteration, 'device', 1, device_start_ns, device_end_ns FROM kept)
         SELECT CASE WHEN (SELECT n FROM tracks) > 1 THEN 'thread ' || global_tid::VARCHAR || ' ' ELSE '' END
                  || lane AS lane,
-               iteration, start_ns / {NS_PER_MS} AS start_ms, end_ns / {NS_PER_MS} AS end_ms,
+               iteration, (start_ns - {origin}) / {NS_PER_MS} AS start_ms, (end_ns - {origin}) / {NS_PER_MS} AS end_ms,
                (end_ns - start_ns) / {NS_PER_MS} AS dur_ms
         FROM lanes WHERE start_ns IS NOT NULL AND end_ns IS NOT NULL
         ORDER BY global_tid, lane_rank, start_ns""", t=table)
@@ -214,7 +216,7 @@ def iteration_timeline_chart(iterations: TableLike, *, max_iterations: int = 200
     zoom = alt.selection_interval(bind="scales", encodings=["x"])
     return alt.Chart(data, title=alt.Title(title, subtitle=subtitle)).mark_bar(
             clip=True, stroke="white", strokeWidth=0.5).encode(
-        x=alt.X("start_ms:Q", title="time since the capture started (ms)",
+        x=alt.X("start_ms:Q", title=axis_title,
                 scale=alt.Scale(domain=domain, zero=False, nice=False) if domain else alt.Scale(zero=False)),
         x2="end_ms:Q",
         y=alt.Y("lane:N", sort=lanes, title=None, axis=alt.Axis(labelLimit=0)),  # 'thread <global tid> device' in full
