@@ -21,7 +21,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from itertrace.ingest.scan import from_numpy
+from itertrace.ingest.scan import SCAN_BATCH_ROWS, from_numpy
 
 _POSITION_BITS = 40  # a range's position among all ranges: up to 2**40 ranges
 CHUNK_RANGES = 1_000_000  # ranges whose nesting is computed at once
@@ -71,7 +71,8 @@ class _ByRow:
         depth, parent = self.depth[row], self.parent[row]
         columns = [from_numpy(row), from_numpy(self.range_id[row]), from_numpy(depth >= 0),
                    from_numpy(depth, depth < 0), from_numpy(parent, parent < 0)]
-        return pa.Table.from_arrays(columns, names=["_row", "range_id", "is_push_pop", "depth", "parent_range_id"])
+        table = pa.Table.from_arrays(columns, names=["_row", "range_id", "is_push_pop", "depth", "parent_range_id"])
+        return pa.Table.from_batches(table.to_batches(max_chunksize=SCAN_BATCH_ROWS), table.schema)  # scanned in parallel
 
 
 def thread_groups(counts: list[tuple[int, int]], budget: int) -> list[tuple[int, int, int]]:
