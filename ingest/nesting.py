@@ -21,58 +21,30 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from itertrace.ingest.scan import SCAN_BATCH_ROWS, from_numpy
+from itertrace.ingest.scan import from_numpy
 
 _POSITION_BITS = 40  # a range's position among all ranges: up to 2**40 ranges
 CHUNK_RANGES = 1_000_000  # ranges whose nesting is computed at once
-
-
-ROW_NESTING = "_nvtx_row_nesting"
+_SCHEMA = pa.schema([("_row", pa.int64()), ("range_id", pa.int64()), ("depth", pa.int32()),
+                     ("parent_range_id", pa.int64())])
 
 
 def create_push_pop_nesting(con: duckdb.DuckDBPyConnection) -> None:
-    """The relation `_nvtx_row_nesting` (registered Arrow): the _row, range_id, is_push_pop, depth and
-    parent_range_id of each range in `_nvtx_range_numbered`, in raw row order (depth and parent NULL for
-    start/end ranges).
+    """The temp table `_nvtx_push_pop_nesting`: (_row, range_id, depth, parent_range_id) of every push/pop
+    range in `_nvtx_range_numbered`.
 
     Threads are independent: they are taken in groups of at most `CHUNK_RANGES` ranges, and a thread with
-    more in pieces of `CHUNK_RANGES` (`_nest_in_pieces`), so that the sorts' arrays stay small beside
-    DuckDB's memory; the result takes 20 bytes per raw row while it is made."""
-    rows = con.execute("SELECT count(*) FROM _raw_nvtx").fetchone()[0]
-    by_row = _ByRow(rows)
+    more in pieces of `CHUNK_RANGES` (`_nest_in_pieces`); each group's or piece's rows go into DuckDB,
+    within its memory limit, before the next: that bounds the memory the arrays take beside DuckDB's own."""
+    con.execute("CREATE OR REPLACE TEMP TABLE _nvtx_push_pop_nesting "
+                "(_row BIGINT, range_id BIGINT, depth INTEGER, parent_range_id BIGINT)")
     counts = con.execute("SELECT global_tid, count(*) FROM _nvtx_range_numbered WHERE is_push_pop "
                          "GROUP BY ALL ORDER BY global_tid").fetchall()
     for first, last, n in thread_groups(counts, CHUNK_RANGES):
         if n > CHUNK_RANGES:
-            _nest_in_pieces(con, first, by_row)
+            _nest_in_pieces(con, first)
         else:
-            by_row.place(_nest(_fetch(con, "global_tid BETWEEN ? AND ?", [first, last])))
-    others = con.execute("SELECT _row, range_id FROM _nvtx_range_numbered WHERE NOT is_push_pop").fetchnumpy()
-    by_row.range_id[np.asarray(others["_row"], dtype=np.int64)] = np.asarray(others["range_id"], dtype=np.int64)
-    con.register(ROW_NESTING, by_row.table())
-
-
-class _ByRow:
-    """range_id, depth and parent_range_id by raw row, -1 for none (ids start at 1, depths at 0)."""
-
-    def __init__(self, rows: int) -> None:
-        self.range_id = np.full(rows, -1, dtype=np.int64)
-        self.depth = np.full(rows, -1, dtype=np.int32)
-        self.parent = np.full(rows, -1, dtype=np.int64)
-
-    def place(self, nested: tuple[np.ndarray, ...], skip: int = 0) -> None:
-        """Put the ranges `_nest` gave, but the first `skip`, in their raw rows."""
-        row, range_id, depth, parent = (column[skip:] for column in nested)
-        self.range_id[row], self.depth[row], self.parent[row] = range_id, depth, parent
-
-    def table(self) -> pa.Table:
-        """(_row, range_id, is_push_pop, depth, parent_range_id) of the rows that are ranges, in row order."""
-        row = np.flatnonzero(self.range_id >= 0)
-        depth, parent = self.depth[row], self.parent[row]
-        columns = [from_numpy(row), from_numpy(self.range_id[row]), from_numpy(depth >= 0),
-                   from_numpy(depth, depth < 0), from_numpy(parent, parent < 0)]
-        table = pa.Table.from_arrays(columns, names=["_row", "range_id", "is_push_pop", "depth", "parent_range_id"])
-        return pa.Table.from_batches(table.to_batches(max_chunksize=SCAN_BATCH_ROWS), table.schema)  # scanned in parallel
+            _insert(con, _nest(_fetch(con, "global_tid BETWEEN ? AND ?", [first, last])))
 
 
 def thread_groups(counts: list[tuple[int, int]], budget: int) -> list[tuple[int, int, int]]:
@@ -86,7 +58,7 @@ def thread_groups(counts: list[tuple[int, int]], budget: int) -> list[tuple[int,
     return groups
 
 
-def _nest_in_pieces(con: duckdb.DuckDBPyConnection, tid: int, by_row: _ByRow) -> None:
+def _nest_in_pieces(con: duckdb.DuckDBPyConnection, tid: int) -> None:
     """One thread's nesting, `CHUNK_RANGES` ranges at a time in its stack order (range_id).
 
     A range of an earlier piece that closed before the last open of the piece before plays no part in
@@ -102,7 +74,7 @@ def _nest_in_pieces(con: duckdb.DuckDBPyConnection, tid: int, by_row: _ByRow) ->
         piece = _fetch(con, "global_tid = ? AND range_id >= ?" + ("" if hi is None else " AND range_id < ?"),
                        [tid, lo] + ([] if hi is None else [hi]))
         ranges = piece if carried is None else pa.concat_tables([carried, piece])
-        by_row.place(_nest(ranges), skip=ranges.num_rows - piece.num_rows)  # carried ranges come first
+        _insert(con, _nest(ranges).slice(ranges.num_rows - piece.num_rows))  # carried ranges come first
         start, end = _ints(ranges, "start_ns"), _ints(ranges, "end_eff")
         closes = 2 * end + 2 * (end == start)  # the keys of _depths
         carried = ranges.filter(from_numpy(closes > 2 * start.max() + 1))
@@ -113,6 +85,14 @@ def _fetch(con: duckdb.DuckDBPyConnection, where: str, params: list) -> pa.Table
                    f"WHERE is_push_pop AND {where}", params=params).to_arrow_table()
 
 
+def _insert(con: duckdb.DuckDBPyConnection, part: pa.Table) -> None:
+    con.register("_nvtx_nesting_part", part)
+    try:
+        con.execute("INSERT INTO _nvtx_push_pop_nesting SELECT * FROM _nvtx_nesting_part")
+    finally:
+        con.unregister("_nvtx_nesting_part")
+
+
 def _ints(table: pa.Table, name: str) -> np.ndarray:
     """A column of int64 without NULLs as numpy, from its buffers (pyarrow's to_numpy imports pandas)."""
     chunks = [np.frombuffer(c.buffers()[1], dtype=np.int64, count=len(c), offset=c.offset * 8)
@@ -120,17 +100,18 @@ def _ints(table: pa.Table, name: str) -> np.ndarray:
     return np.concatenate(chunks) if chunks else np.empty(0, dtype=np.int64)
 
 
-def _nest(ranges: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(_row, range_id, depth, parent_range_id or -1) of `ranges` (whole threads), in their stack order."""
+def _nest(ranges: pa.Table) -> pa.Table:
+    """(_row, range_id, depth, parent_range_id) of `ranges` (whole threads), in their stack order."""
     order, thread = _stack_order(_ints(ranges, "range_id"), _ints(ranges, "global_tid"))
     end = _ints(ranges, "end_eff")[order]
     depth = _depths(thread, _ints(ranges, "start_ns")[order], end)
     parent_at = _parents(thread, depth, end)
     del thread, end
     range_id = _ints(ranges, "range_id")[order]
-    parent = np.where(parent_at < 0, -1, range_id[np.maximum(parent_at, 0)])
+    parent = from_numpy(range_id[np.maximum(parent_at, 0)], parent_at < 0)
     del parent_at
-    return _ints(ranges, "_row")[order], range_id, depth.astype(np.int32), parent
+    row = ranges.column("_row").take(from_numpy(order))
+    return pa.Table.from_arrays([row, from_numpy(range_id), from_numpy(depth.astype(np.int32)), parent], schema=_SCHEMA)
 
 
 def _stack_order(range_id: np.ndarray, global_tid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -6,7 +6,7 @@ from importlib import resources
 import duckdb
 
 from itertrace.ingest.adapters import create_raw_views, create_raw_views_over
-from itertrace.ingest.nesting import ROW_NESTING, create_push_pop_nesting
+from itertrace.ingest.nesting import create_push_pop_nesting
 from itertrace.ingest.progress import Progress
 from itertrace.ingest.projection import create_walked_projection
 from itertrace.ingest.sqldoc import comment_statements, statements, table_docs
@@ -24,7 +24,7 @@ SQL_FILES = (
     "nvtx_gpu_projection.sql",
 )
 # Temp tables the SQL reads that Python makes, each just before the first statement that names it.
-PYTHON_TABLES = {"_nvtx_row_nesting": create_push_pop_nesting,
+PYTHON_TABLES = {"_nvtx_push_pop_nesting": create_push_pop_nesting,
                  "_nvtx_projection_walked": create_walked_projection}
 
 
@@ -77,9 +77,6 @@ def _build(con: duckdb.DuckDBPyConnection, source: str, source_kind: str, progre
             _execute(con, statement, made)
         for statement in comment_statements(text):
             con.execute(statement)
-    con.execute("DROP VIEW IF EXISTS _nvtx_events")
-    if ROW_NESTING in made:  # its arrays: 29 bytes per range
-        con.unregister(ROW_NESTING)
 
 
 def _execute(con: duckdb.DuckDBPyConnection, statement: str, made: set[str]) -> None:

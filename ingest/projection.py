@@ -13,7 +13,8 @@ the interval join in `nvtx_gpu_projection.sql`.
 Notes
 -----
 Every step is a binary search or a gather over int64 arrays of one group of threads (at most
-`CHUNK_RANGES` ranges, a larger thread alone), whose per-range sums go into DuckDB before the next.
+`CHUNK_RANGES` ranges; a larger thread in spans of time of about that many), whose per-range sums go
+into DuckDB before the next.
 The join this replaces (an IEJoin on thread and time packed into a HUGEINT) took 7.4 s of 37 on a
 capture of 6.1M ranges and 1.1M launches, in one run.
 """
@@ -43,22 +44,42 @@ def create_walked_projection(con: duckdb.DuckDBPyConnection) -> None:
                 "gpu_end_ns BIGINT, gpu_ops BIGINT, launches BIGINT)")
     ts = con.execute("SELECT coalesce(max(greatest(start, coalesce(\"end\", start))), 0) FROM _raw_nvtx").fetchone()[0]
     counts = con.execute("SELECT global_tid, ranges FROM _nvtx_walk_threads ORDER BY global_tid").fetchall()
-    for first, last, _ in nesting.thread_groups(counts, nesting.CHUNK_RANGES):
-        ranges = con.execute(
-            "SELECT global_tid, range_id, start_ns, coalesce(end_ns, ?) AS end_eff, parent_range_id, "
-            "end_global_tid IS NULL OR end_global_tid = global_tid AS projected FROM nvtx_ranges "
-            "WHERE range_kind = 'push_pop' AND global_tid BETWEEN ? AND ? ORDER BY global_tid, range_id",
-            [ts, first, last]).fetchnumpy()
-        calls = con.execute(
-            "SELECT global_tid, start_ns, end_ns, gpu_start_ns, gpu_end_ns, gpu_ops FROM _gpu_launches "
-            "WHERE end_ns > start_ns AND global_tid BETWEEN ? AND ? AND global_tid IN "
-            "(SELECT global_tid FROM _nvtx_walk_threads)", [first, last]).fetchnumpy()
-        part = walk(ranges, calls)
-        con.register("_nvtx_projection_part", part)
-        try:
-            con.execute("INSERT INTO _nvtx_projection_walked SELECT * FROM _nvtx_projection_part")
-        finally:
-            con.unregister("_nvtx_projection_part")
+    for first, last, n in nesting.thread_groups(counts, nesting.CHUNK_RANGES):
+        for lo, hi in _slices(con, first, n):
+            ranges = con.execute(
+                "SELECT global_tid, range_id, start_ns, coalesce(end_ns, $ts) AS end_eff, parent_range_id, "
+                "end_global_tid IS NULL OR end_global_tid = global_tid AS projected FROM nvtx_ranges "
+                "WHERE range_kind = 'push_pop' AND global_tid BETWEEN $first AND $last "
+                "AND start_ns < $hi AND coalesce(end_ns, $ts) >= $lo ORDER BY global_tid, range_id",
+                {"ts": ts, "first": first, "last": last, "lo": lo, "hi": hi}).fetchnumpy()
+            calls = con.execute(
+                "SELECT global_tid, start_ns, end_ns, gpu_start_ns, gpu_end_ns, gpu_ops FROM _gpu_launches "
+                "WHERE end_ns > start_ns AND global_tid BETWEEN $first AND $last AND start_ns >= $lo "
+                "AND start_ns < $hi AND global_tid IN (SELECT global_tid FROM _nvtx_walk_threads)",
+                {"first": first, "last": last, "lo": lo, "hi": hi}).fetchnumpy()
+            part = walk(ranges, calls)
+            con.register("_nvtx_projection_part", part)
+            try:
+                con.execute("INSERT INTO _nvtx_projection_walked SELECT * FROM _nvtx_projection_part")
+            finally:
+                con.unregister("_nvtx_projection_part")
+
+
+def _slices(con: duckdb.DuckDBPyConnection, tid: int, ranges: int) -> list[tuple[int, int]]:
+    """[lo, hi) spans of call start times that split a thread of more than `CHUNK_RANGES` ranges into
+    pieces of about that many; one unbounded span otherwise.
+
+    A piece's calls need only the ranges open during it (start < hi, end >= lo): every range a call lies
+    inside is open when it starts, and so are the ancestors of every such range."""
+    lowest, highest = -(2**63), 2**63 - 1
+    if ranges <= nesting.CHUNK_RANGES:
+        return [(lowest, highest)]
+    cuts = [row[0] for row in con.execute(
+        "SELECT DISTINCT start_ns FROM (SELECT start_ns, row_number() OVER (ORDER BY range_id) - 1 AS i "
+        "FROM nvtx_ranges WHERE range_kind = 'push_pop' AND global_tid = ?) WHERE i % ? = 0 AND i > 0 ORDER BY 1",
+        [tid, nesting.CHUNK_RANGES]).fetchall()]
+    bounds = [lowest, *cuts, highest]
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
 def walk(ranges: dict[str, np.ndarray], calls: dict[str, np.ndarray]) -> pa.Table:

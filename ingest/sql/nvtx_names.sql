@@ -44,3 +44,41 @@ LEFT JOIN _raw_strings AS s ON s.id = e.textId
 WHERE e.eventType = 33 AND e.category IS NOT NULL
 GROUP BY ALL
 ORDER BY ALL;
+
+-- Every NVTX event with its text, domain, category and thread resolved; shared by nvtx_ranges and
+-- nvtx_marks, dropped when the ingest ends.
+CREATE TEMP VIEW _nvtx_events AS
+SELECT
+  e._row,
+  e.eventType AS event_type,
+  e.start,
+  e."end",
+  coalesce(e.text, s.value) AS text,
+  coalesce(e.domainId, 0) AS domain_id,
+  d.name AS domain_name,
+  e.category AS category_id,
+  c.name AS category_name,
+  e.color,
+  e.globalTid AS global_tid,
+  (e.globalTid >> 24) << 24 AS global_pid,
+  (e.globalTid >> 24) & 16777215 AS pid,
+  e.globalTid & 16777215 AS tid,
+  t.name AS thread_name,
+  e.endGlobalTid AS end_global_tid,
+  e.int64Value AS int64_value,
+  -- Stored as signed 64-bit, like nsys's SQLite export; turned back into the unsigned value.
+  CASE WHEN e.uint64Value < 0 THEN (e.uint64Value::HUGEINT + 18446744073709551616)::UBIGINT
+       ELSE e.uint64Value::UBIGINT END AS uint64_value,
+  e.int32Value::INTEGER AS int32_value,
+  e.uint32Value::UINTEGER AS uint32_value,
+  e.doubleValue AS double_value,
+  e.floatValue::FLOAT AS float_value,
+  coalesce(e.jsonText, j.value) AS json_text
+FROM _raw_nvtx AS e
+LEFT JOIN _raw_strings AS s ON s.id = e.textId
+LEFT JOIN _raw_strings AS j ON j.id = e.jsonTextId
+LEFT JOIN nvtx_domains AS d
+  ON d.global_pid = (e.globalTid >> 24) << 24 AND d.domain_id = coalesce(e.domainId, 0)
+LEFT JOIN nvtx_categories AS c
+  ON c.global_pid = (e.globalTid >> 24) << 24 AND c.domain_id = coalesce(e.domainId, 0) AND c.category_id = e.category
+LEFT JOIN threads AS t ON t.global_tid = e.globalTid;
