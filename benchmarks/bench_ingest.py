@@ -26,47 +26,29 @@ memory, sampled every 20 ms.
 
 Usage: python benchmarks/bench_ingest.py [--steps N] [--gpu-rows N] [--repeat N] [--out DIR] [--json FILE]
 
-Figures (2 cores shared with other work; load average beside each):
-before (the ingest as it was, one run, load 1.7): NVTX-only 1,000,000 ranges + 250,000 marks, report
-15.7 MB: SQLite path 3.09 s (export 1.99 + nvtxsum 1.09); Arrow export 1.45 s, 197 MB; ingest .arrow
-3.25 s, 728 MB; ingest .nsys-rep 5.04 s, 725 MB (256MB limit: 5.47 s, 412 MB); database 37.0 MB (2.4x
-the report). GPU-shaped 10,026,185 rows (in process, load 0.5): 34.1 s, 294,000 rows/s, database
-463 MB. sample_traces: 18.1 MB (static) and about 17 MB (continuous) for reports of 0.44 MB (41x).
-
-after (tables read in place, each nsys value stored once, 64 KiB blocks, 512MB default limit; two runs
-of this script, 2 runs of each command, load 3.3 -> 2.8 and 0.6 -> 6.0): NVTX-only: SQLite path 3.63 and
-3.31 s; Arrow export 1.35 / 1.16 s; ingest .arrow 4.33 / 4.24 s, 580-588 MB (0.84x / 0.78x the SQLite
-path's speed); ingest .nsys-rep 5.86 / 5.26 s (4.35x / 4.54x the export), 256MB limit 5.50 / 4.42 s,
-486-490 MB; database 18.0 MB (1.15x the report). GPU-shaped 10,026,185 rows: 36.5 / 46.8 s (275,000 /
-214,000 rows/s), 690-696 MB; 256MB limit 74.5 / 73.9 s, 478-480 MB; database 336 MB. sample_traces:
-1.65 / 1.72 MB (3.8x the report; 2.2 MB, 5.0x, with the run directory). The code as it was, through this
-script in the same session right after (load 2.8 -> 1.5): ingest .arrow 3.57 s, 761 MB (SQLite path
-4.15 s); GPU-shaped 26.0 s, 3,537 MB peak RSS (256MB limit: 61.2 s, 666 MB). Alternating old and new
-in turn (variants of one command, 3 runs each, load 1.3-5): CPU seconds 5.0-5.1 old, 4.6-4.9 new; wall
-within the machine's noise. Where the time goes (1M ranges, CPU s): writing nvtx_ranges' 26 columns
-~1.0 (DuckDB costs ~35 ns a value, NULL columns included), its joins 0.5, the nesting's sorts 0.7, the
-range and mark numbering 0.3, nvtx_marks 0.35, nsys._NVTX_EVENTS 0.3-0.5, start-up and checkpoint 0.5.
-
-round 2 (NVTX nesting in numpy, GPU ops and API calls numbered once over their sort keys, marks filtered
-before their lookups; the machine's load from other work ran from 2 to 9 during it):
-- this script, as it was then as it is (2 runs of each command each; load 4.3 -> 8.6 and 5.3 -> 7.3: wall
-  times followed the load, one command's two runs up to 4.5x apart, so ratios within one run only).
-  before: SQLite path 9.12 s (export 5.68 + nvtxsum 3.44); Arrow export 4.10 s; ingest .arrow 9.95 s
-  (0.92x the SQLite path's speed), 589-597 MB; ingest .nsys-rep 22.13 s (5.40x the export), 256MB limit
-  20.08 s; database 19.8 MB. GPU-shaped: 118.7 / 179.9 s (84,000 rows/s), 695-698 MB; 256MB limit 257.7
-  / 328.4 s, 448-456 MB. after (the nesting not yet in thread groups): SQLite path 8.48 s; Arrow export
-  3.64 s; ingest .arrow 10.50 s (0.81x), 626-642 MB; ingest .nsys-rep 8.68 s (2.38x: the load fell
-  between the commands), 256MB limit 8.35 s; database 19.7 MB. GPU-shaped: 89.4 / 114.4 s (112,000
-  rows/s), 1,146 MB; 256MB limit 227.1 / 290.1 s, 1,104-1,109 MB. sample_traces unchanged (3.8-4.0x).
-- old and new alternating, each command in its own process, 2 runs each (load 2.0-4.0), CPU s (wall s):
-  ingest .arrow old 5.14 / 4.66 (4.06 / 4.63), new 4.08 / 4.22 (3.73 / 4.21): 15% less CPU;
-  ingest .nsys-rep old 7.09 / 6.34 (7.00 / 6.60), new 6.16 / 5.86 (6.59 / 6.09); GPU-shaped old
-  58.5 / 65.4 (55.3 / 59.7, 698 MB), new 46.2 / 51.2 (44.1 / 50.0, 1,114-1,184 MB): 21% less CPU,
-  181,000 -> 227,000 rows/s (fastest runs). nsys's SQLite path beside the new ingest .arrow, 2 runs in
-  turn (load 2.5): 5.53 / 5.82 s (export 3.54 / 3.68 + nvtxsum 1.99 / 2.14) against 3.98 / 5.61 s.
-- the nesting alone on the GPU-shaped capture's 6.1M ranges: DuckDB's window and ASOF join 17.8 CPU s
-  (31.7 s wall; its 12M-row sort spills past the 512MB limit), numpy 5.3 CPU s, identical rows; on the
-  NVTX-only capture's 1M ranges 0.95 against 0.89 CPU s (one run each).
+Figures (2 cores shared with other work, whose load moves wall times up to 2x between runs of one
+command: compare within one run of this script; CPU s moves less):
+- rounds 1-2 (tables read where they lie, each nsys value stored once, 64 KiB blocks; the nesting in
+  numpy, GPU ops and API calls numbered once): the .arrow ingest went from 3.25 s / 728 MB to 0.7-1.2x
+  the SQLite path's time at 580-640 MB; the GPU-shaped capture from 3,537 MB peak RSS to 932-977 MB at
+  0.2-0.3M rows/s (15-21% less CPU); the 1M-range database from 37.0 to 18 MB, the sample captures'
+  from about 17 MB to 1.7 MB.
+- round 3 (the GPU projection by a walk up the nesting, `ingest/projection.py`; Arrow sources scanned
+  in batches so that both cores read them; pandas no longer imported, 0.36 s):
+  before (this script, one run of each command, load 0.1 -> 2.6): SQLite path 9.67 s (export 6.26 +
+  nvtxsum 3.41); Arrow export 4.15 s; ingest .arrow 6.00 s, 658 MB (1.61x); ingest .nsys-rep 7.58 s
+  (1.83x the export); GPU-shaped 56.4 s (178,000 rows/s), 977 MB; with 256MB 142.0 s, 750 MB.
+  after (2 runs of each command in turn, fastest shown, load 0.0 -> 1.9): SQLite path 5.87 s (export
+  3.79 + nvtxsum 2.08); Arrow export 2.30 s; ingest .arrow 4.04 s, 636 MB (1.45x; the machine ran 40%
+  faster than before, nsys's commands with it); ingest .nsys-rep 6.07 s (2.64x the export), 256MB 6.68
+  s, 526 MB; database 18.0 MB (1.08x). GPU-shaped 37.4 s (268,000 rows/s), 992 MB; 256MB 100.7 s, 765
+  MB. sample_traces 3.75x and 4.13x their reports.
+  The projection alone on the GPU-shaped capture (in process, one run each): the interval join 7.4-8.9 s
+  wall (13.6-16.0 CPU s); the walk 0.4 s for the launches, 0.9 s for the final insert, under 1 s of numpy.
+  Old and new code in turn on that capture, one run each: 83.9 against 66.6 CPU s (52.2 / 41.2 s wall),
+  1,034 against 1,045 MB peak RSS. Tried and dropped: the nesting joined by position (POSITIONAL JOIN)
+  ran out of memory at 2GB on Parquet sources; the nesting as one Arrow relation by raw row instead of
+  a temp table cost the same CPU and held more memory outside DuckDB's limit.
 
 Why the .nsys-rep ingest costs 4-5x the export: it is the export, then the .arrow ingest, nothing more
 (no second export, no extra tables, no wait: CPU of one .nsys-rep ingest 6.21 / 5.96 s against 6.52 /
@@ -75,7 +57,10 @@ part over the target. Overlapping the two would not help: the export writes noth
 time (9.7 of 11.3 s, polling its file's size), and NVTX_EVENTS, which everything waits on, is written
 at the end.
 
-Floor (CPU s, so that the machine's load counts less; on an idle machine DuckDB runs on both cores):
+Floor (CPU s, so that the machine's load counts less; on an idle machine DuckDB runs on both cores;
+round 3: writing the 1M-range nvtx_ranges from memory took 1.46-1.94 CPU s, about a third of it its four
+text columns, 0.17-0.21 s each; dictionary-encoded Arrow text saved under 10%, uncompressed storage
+nothing, preserve_insertion_order = false nothing):
 interpreter and imports 0.35-0.38 (3 runs). Writing the normalized tables from memory into a new file,
 CREATE TABLE AS (1 run each): NVTX-only nvtx_ranges 1M x 26 columns 1.15-1.26 (48 ns a value; 0.94 in
 memory; 0.89 without its 9 all-NULL columns), nvtx_marks 250k x 20 0.21. GPU-shaped: nvtx_ranges 6.1M x
@@ -96,14 +81,19 @@ Targets not reached, and what would reach them:
   CPU s (the export: 1.54-1.77, 2 runs), and the writes of nvtx_ranges and nvtx_marks alone take
   1.36-1.47: the design above, and the narrower nvtx_ranges with it.
 - GPU-shaped >= 2M rows/s (10M rows in 5 s, 10 CPU s on 2 cores): the normalized tables' writes alone
-  take 15.5 CPU s: the narrower nvtx_ranges above, and nvtx_gpu_projection without its HUGEINT IEJoin:
-  with the nesting known, a launch's ranges are the innermost range open at its start on its thread (one
-  binary search) and that range's ancestors (4 levels here), a walk up parent_range_id, not a join.
+  take 15.5 CPU s: the narrower nvtx_ranges above (the projection's join is now a walk, round 3); the
+  rest is _nvtx_range_numbered's window over 6.1M ranges (3.4 s wall), gpu_ops' long kernel names
+  (3-4 s) and the hidden nsys._NVTX_EVENTS (2 s), each a table written once that a numpy lexsort or a
+  narrower table would shrink.
 - Peak RSS < 1 GB: the numpy nesting first took the GPU-shaped ingest to 1,023-1,184 MB (3 runs; 695-698
   before): one thread's 3M ranges as arrays beside DuckDB's 512 MB. A thread past CHUNK_RANGES is now
   taken in pieces, carrying only the ranges still open (nesting.py): 932, 974 and 977 MB in three runs of
   `itertrace ingest` on that capture (1,033 MB with pieces of 500k, so the rest is the machine's spread
-  and the raw load, where the peak now falls), under the target by a margin this noisy machine erases.
+  and the raw load, where the peak now falls). Round 3: 1,034-1,171 MB for old and new code alike on
+  this machine; the peak falls while nsys._NVTX_EVENTS and nvtx_ranges are written, DuckDB's 512 MB and
+  its Parquet reader's buffers beside the interpreter, and glibc's malloc thresholds do not move it
+  (MALLOC_MMAP_THRESHOLD_ fixed: 1,052 MB). A default limit of 384MB would bring it under 1 GB at the
+  cost of spilling.
 """
 from __future__ import annotations
 
