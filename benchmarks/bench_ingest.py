@@ -44,9 +44,10 @@ command: compare within one run of this script; CPU s moves less):
   s, 526 MB; database 18.0 MB (1.08x). GPU-shaped 37.4 s (268,000 rows/s), 992 MB; 256MB 100.7 s, 765
   MB. sample_traces 3.75x and 4.13x their reports.
   The projection alone on the GPU-shaped capture (in process, one run each): the interval join 7.4-8.9 s
-  wall (13.6-16.0 CPU s); the walk 0.4 s for the launches, 0.9 s for the final insert, under 1 s of numpy.
+  wall (13.6-16.0 CPU s); after, 0.4 s for the launches table, 3.7 s for the walk (1.6 s of it numpy, 765,672
+  calls) and 0.75-0.9 s for the final insert.
   Old and new code in turn on that capture, one run each: 83.9 against 66.6 CPU s (52.2 / 41.2 s wall),
-  1,034 against 1,045 MB peak RSS. Tried and dropped: the nesting joined by position (POSITIONAL JOIN)
+  1,010 against 1,023 MB peak RSS (MB as this script counts them, KiB / 1024). Tried and dropped: the nesting joined by position (POSITIONAL JOIN)
   ran out of memory at 2GB on Parquet sources; the nesting as one Arrow relation by raw row instead of
   a temp table cost the same CPU and held more memory outside DuckDB's limit.
 
@@ -89,11 +90,11 @@ Targets not reached, and what would reach them:
   before): one thread's 3M ranges as arrays beside DuckDB's 512 MB. A thread past CHUNK_RANGES is now
   taken in pieces, carrying only the ranges still open (nesting.py): 932, 974 and 977 MB in three runs of
   `itertrace ingest` on that capture (1,033 MB with pieces of 500k, so the rest is the machine's spread
-  and the raw load, where the peak now falls). Round 3: 1,034-1,171 MB for old and new code alike on
+  and the raw load, where the peak now falls). Round 3: 992-1,023 MB with the walk in spans (1,108-1,144 before it was), 1,010 for the old code, on
   this machine; the peak falls while nsys._NVTX_EVENTS and nvtx_ranges are written, DuckDB's 512 MB and
   its Parquet reader's buffers beside the interpreter, and glibc's malloc thresholds do not move it
-  (MALLOC_MMAP_THRESHOLD_ fixed: 1,052 MB). A default limit of 384MB would bring it under 1 GB at the
-  cost of spilling.
+  (MALLOC_MMAP_THRESHOLD_ fixed: 1,027 MB). `--memory-limit 256MB` gives 765 MB at 2.7x the time; a
+  default between the two was not tried.
 """
 from __future__ import annotations
 
