@@ -123,6 +123,8 @@ def _positions(range_id: np.ndarray, parent: np.ndarray) -> np.ndarray:
 def _last_opened(tid: np.ndarray, start: np.ndarray, c_tid: np.ndarray, c_start: np.ndarray) -> np.ndarray:
     """Per call, the position of the last range of its thread with start <= the call's start, else -1."""
     at = np.full(len(c_start), -1, dtype=np.int64)
+    if not len(tid) or not len(c_tid):  # a span of time with no ranges open, or with no calls
+        return at
     by_thread = np.argsort(c_tid, kind="stable")
     sorted_tid = c_tid[by_thread]
     bounds = np.flatnonzero(np.diff(tid)) + 1

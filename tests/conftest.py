@@ -2,11 +2,19 @@
 capture-shaped database for the SQL diff tests."""
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 from query_fixtures import TraceDB
+
+# The property tests draw the same examples on every run (a seed per test), so that a run on a fresh
+# machine cannot fail where the last one passed. HYPOTHESIS_PROFILE=explore draws new ones, to hunt.
+settings.register_profile("deterministic", derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore", print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
 

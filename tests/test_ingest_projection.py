@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pyarrow as pa
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from itertrace.ingest import nesting as nesting_module
@@ -77,6 +77,7 @@ def test_projection_matches_every_pair_counted_in_python(capture):
 
 @settings(max_examples=25, deadline=None)
 @given(captures(), st.integers(1, 4))
+@example(([(59, 0, 1, THREAD_A, "r0"), (59, 0, 1, THREAD_A, "r1")], [(0, 0, THREAD_A, 1, 1)]), 1)  # a span with no ranges
 def test_projection_of_a_few_ranges_at_a_time_is_the_same(capture, chunk):
     rows, calls = capture
     was = nesting_module.CHUNK_RANGES
