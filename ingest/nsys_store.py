@@ -7,9 +7,10 @@ it back, so nsys's tables are kept three ways:
   _MEMSET): the hidden table `nsys._<table>` keeps, per raw row, the id of the normalized row it became
   and the columns that row does not hold; the view `nsys.<table>` joins them back into nsys's rows and
   columns. Rows no normalized table holds (domain names, backtrace rows, ...) are kept whole there.
-- **Small** (at most `SMALL_ROWS` rows, every column BIGINT, VARCHAR or DOUBLE: the ENUM tables,
-  metadata, strings, thread names): the rows of all of them share one table, `nsys._small_tables`,
-  each column in a slot of its type (`i0`, `t0`, `d0`, ...), and each is a view over its rows.
+- **Small** (at most `SMALL_ROWS` rows, every column BIGINT, VARCHAR, DOUBLE or BOOLEAN: the ENUM
+  tables, metadata, strings, thread names, OS runtime calls of a short capture): the rows of all of them
+  share one table, `nsys._small_tables`, each column in a slot of its type (`i0`, `t0`, `d0`, `b0`, ...),
+  and each is a view over its rows.
 - Any other table is a table as exported.
 """
 from __future__ import annotations
@@ -24,7 +25,8 @@ from itertrace.ingest.scan import ROW, Column, Sources
 SCHEMA = "nsys"
 SMALL_TABLE = "_small_tables"
 SMALL_ROWS = 100_000
-_SLOT_PREFIX = {"BIGINT": "i", "VARCHAR": "t", "DOUBLE": "d"}
+LONG_TEXT = 16 << 10
+_SLOT_PREFIX = {"BIGINT": "i", "VARCHAR": "t", "DOUBLE": "d", "BOOLEAN": "b"}
 _UBIGINT_TO_BIGINT = "CASE WHEN {c} >= 9223372036854775808 THEN ({c}::HUGEINT - 18446744073709551616)::BIGINT ELSE {c}::BIGINT END"
 _NOTE = ("nsys export table {name} as nsys wrote it, with text decoded to VARCHAR and every integer stored as "
          "BIGINT (uint64 bit for bit, as in nsys's SQLite export)")
@@ -115,6 +117,18 @@ def store_raw_tables(ctx: LoadContext, sources: Sources, tables: list[TableStrea
 
 def _is_small(table: TableStream, columns: tuple[Column, ...]) -> bool:
     return table.num_rows <= SMALL_ROWS and all(c.kind in _SLOT_PREFIX for c in columns)
+
+
+def _long_text(ctx: LoadContext, rows: str, slots: list[str]) -> set[str]:
+    """The text slots holding a value of more than `LONG_TEXT` bytes.
+
+    DuckDB keeps such a value uncompressed, in blocks of its own (GpuMetricsConfig's YAML in
+    TARGET_INFO_SYSTEM_ENV runs past 100 KB): those slots are stored in ZSTD, which DuckDB writes in
+    blocks of their own too, so it pays only where a value is long."""
+    if not slots:
+        return set()
+    longest = ctx.con.execute(f"SELECT {', '.join(f'max(strlen({slot}))' for slot in slots)} FROM ({rows})").fetchone()
+    return {slot for slot, n in zip(slots, longest) if (n or 0) > LONG_TEXT}
 
 
 def _count(ctx: LoadContext, rows: int) -> None:
@@ -211,7 +225,11 @@ def _held_value(link: Link, column: str, plan: _HeldPlan, i: int) -> str:
 
 
 def _store_small(ctx: LoadContext, sources: Sources, tables: list[TableStream], drop_volatile: bool) -> None:
-    """The rows of every small table in one table, written through `write_table`, and a view per table."""
+    """The rows of every small table in one table, and a view per table.
+
+    Tables go in by size, smallest first, then name: the same order from every layout of one export, and
+    on the sample captures one block smaller than by name alone."""
+    tables = sorted(tables, key=lambda table: (table.num_rows, table.name))
     slots: dict[str, int] = {kind: 0 for kind in _SLOT_PREFIX}
     places: dict[str, list[str]] = {}
     for table in tables:
@@ -224,31 +242,30 @@ def _store_small(ctx: LoadContext, sources: Sources, tables: list[TableStream], 
     names = [f"{_SLOT_PREFIX[kind]}{i}" for kind in _SLOT_PREFIX for i in range(slots[kind])]
     kinds = {f"{_SLOT_PREFIX[kind]}{i}": kind for kind in _SLOT_PREFIX for i in range(slots[kind])}
     parts = []
-    for table in tables:
+    for number, table in enumerate(tables):
         have = dict(zip(places[table.name], (c.name for c in sources.columns[table.name])))
         values = [f"{quote(have[slot])} AS {slot}" if slot in have else f"CAST(NULL AS {kinds[slot]}) AS {slot}"
                   for slot in names]
-        literal = table.name.replace("'", "''")
-        parts.append(f"SELECT '{literal}' AS table_name, {ROW} AS row_id{''.join(', ' + v for v in values)} "
-                     f"FROM {sources.relations[table.name]}")
-    rows = ctx.con.sql(f"SELECT * FROM ({' UNION ALL '.join(parts)}) ORDER BY table_name, row_id").to_arrow_table()
-    stream = TableStream(SMALL_TABLE, tables[0].file, rows.schema, rows.num_rows,
-                         lambda batch_rows: iter(rows.to_batches(max_chunksize=batch_rows)))
-    ctx.write_table(SCHEMA, stream)
-    for table in tables:
-        literal = table.name.replace("'", "''")
+        columns = [c.name for c in sources.columns[table.name]]
+        keep = ""
+        if drop_volatile and table.name in _EXPORT_META_TABLES and "name" in columns:
+            keep = f" WHERE NOT coalesce({_VOLATILE_EXPORT_ROWS.format(c=quote('name'))}, false)"
+        parts.append(f"SELECT {number} AS table_id, {ROW} AS row_id{''.join(', ' + v for v in values)} "
+                     f"FROM {sources.relations[table.name]}{keep}")
+    union = f"SELECT * FROM ({' UNION ALL '.join(parts)}) ORDER BY table_id, row_id"
+    long = _long_text(ctx, union, [slot for slot in names if kinds[slot] == "VARCHAR"])
+    declared = ", ".join(["table_id INTEGER", "row_id BIGINT"] + [
+        f"{slot} {kinds[slot]}{' USING COMPRESSION zstd' if slot in long else ''}" for slot in names])
+    ctx.con.execute(f"CREATE TABLE {SCHEMA}.{SMALL_TABLE} ({declared})")
+    ctx.con.execute(f"INSERT INTO {SCHEMA}.{SMALL_TABLE} {union}")
+    _count(ctx, sum(table.num_rows for table in tables))
+    for number, table in enumerate(tables):
         select = ", ".join(f"{slot} AS {quote(name)}" for slot, name in
                            zip(places[table.name], (c.name for c in sources.columns[table.name])))
         ctx.con.execute(f"CREATE VIEW {SCHEMA}.{quote(table.name)} AS SELECT {select} FROM {SCHEMA}.{SMALL_TABLE} "
-                        f"WHERE table_name = '{literal}' ORDER BY row_id")
+                        f"WHERE table_id = {number} ORDER BY row_id")
         _comment(ctx, "VIEW", table.name, _NOTE.format(name=table.name) + f"; a view over its rows in {SCHEMA}.{SMALL_TABLE}.")
-    if drop_volatile:
-        for table in tables:
-            names = [c.name for c in sources.columns[table.name]]
-            if table.name in _EXPORT_META_TABLES and "name" in names:
-                condition = _VOLATILE_EXPORT_ROWS.format(c=places[table.name][names.index("name")])
-                ctx.con.execute(f"DELETE FROM {SCHEMA}.{SMALL_TABLE} WHERE table_name = '{table.name}' AND ({condition})")
     _comment(ctx, "TABLE", SMALL_TABLE, "The rows of nsys's small tables (each of at most "
-             f"{SMALL_ROWS:,} rows), one row per raw row: the table's name, the row's position in it, and each "
-             "column in a slot of its type (i: BIGINT, t: VARCHAR, d: DOUBLE); read them through the view named "
+             f"{SMALL_ROWS:,} rows), one row per raw row: the table's number, the row's position in it, and each "
+             "column in a slot of its type (i: BIGINT, t: VARCHAR, d: DOUBLE, b: BOOLEAN); read them through the view named "
              "after each table.")

@@ -78,6 +78,8 @@ def uniform_sql_type(kind: pa.DataType) -> str:
         return "DOUBLE"
     if pa.types.is_string(target) or pa.types.is_large_string(target):
         return "VARCHAR"
+    if pa.types.is_boolean(target):
+        return "BOOLEAN"
     return ""  # another type: whatever DuckDB makes of it, unchanged
 
 

@@ -148,15 +148,15 @@ def test_ctrl_c_inside_a_duckdb_query_is_one_line_and_leaves_the_old_database(tm
     Arrow scan), not KeyboardInterrupt: the CLI still says `interrupted`, exits 130 and removes its work."""
     import threading
 
-    from itertrace.ingest.loader import LoadContext
+    from itertrace.ingest import nsys_loader
 
-    def interrupted_write(self, schema, table, name=None):
+    def interrupted_write(ctx, sources, tables, drop_volatile):  # while nsys's tables are written
         if how == "arrow scan":
             raise RuntimeError("Query interrupted")
-        threading.Timer(0.1, self.con.interrupt).start()
-        self.con.execute("SELECT count(*) FROM range(100000000000) t(x) WHERE x % 7 = 3").fetchall()
+        threading.Timer(0.1, ctx.con.interrupt).start()
+        ctx.con.execute("SELECT count(*) FROM range(100000000000) t(x) WHERE x % 7 = 3").fetchall()
 
-    monkeypatch.setattr(LoadContext, "write_table", interrupted_write)
+    monkeypatch.setattr(nsys_loader, "store_raw_tables", interrupted_write)
     assert main(["ingest", str(small_export(tmp_path / "export.arrow")), "--db", str(target), "--quiet"]) == 130
     captured = capsys.readouterr()
     assert captured.err.strip().splitlines() == ["itertrace: interrupted"] and captured.out == ""

@@ -66,6 +66,11 @@ def tricky_export() -> dict[str, pa.Table]:
         "ENUM_CUDA_MEMCPY_OPER": pa.table({"id": pa.array([1], pa.int64()), "name": text("HTOD"), "label": text("Host-to-Device")}),
         "TARGET_INFO_GPU": pa.table({"id": pa.array([0], pa.int64()), "busLocation": text("0000:01:00.0"),
                                      "clockRate": pa.array([1.5e9], pa.float64())}),
+        # flags as booleans, and one text value longer than a DuckDB string outside ZSTD fits in well
+        "OSRT_CALLCHAINS": pa.table({"id": pa.array([1, 1, 2], pa.uint32()), "symbol": pa.array([4, 5, 4], pa.uint32()),
+                                     "kernelMode": pa.array([True, None, False]), "stackDepth": pa.array([0, 1, 0], pa.uint8())}),
+        "TARGET_INFO_SYSTEM_ENV": pa.table({"name": text("CpuInfo", "GpuMetricsConfig"),
+                                            "value": text("{}", "metric: x\n" * 4000)}),
     }
 
 
@@ -116,6 +121,14 @@ def test_views_give_back_every_raw_value(tmp_path, layout):
                                  "WHERE table_schema = 'nsys'").fetchall())
         assert kinds["NVTX_EVENTS"] == kinds["ENUM_CUDA_MEMCPY_OPER"] == "VIEW"
         assert kinds["_NVTX_EVENTS"] == kinds["_small_tables"] == "BASE TABLE"
+        assert kinds["OSRT_CALLCHAINS"] == kinds["TARGET_INFO_SYSTEM_ENV"] == "VIEW"
+        types = dict(con.execute("SELECT column_name, column_type FROM (DESCRIBE nsys.OSRT_CALLCHAINS)").fetchall())
+        assert types == {"id": "BIGINT", "symbol": "BIGINT", "kernelMode": "BOOLEAN", "stackDepth": "BIGINT"}
+        # only the slot holding the long value is in ZSTD
+        zstd = {c for (c,) in con.execute("SELECT DISTINCT column_name FROM pragma_storage_info('nsys._small_tables') "
+                                          "WHERE compression = 'ZSTD'").fetchall()}
+        assert len(zstd) == 1 and con.execute(f"SELECT count(*) FROM nsys._small_tables WHERE strlen({zstd.pop()}) > {nsys_store.LONG_TEXT}"
+                                               ).fetchone() == (1,)
         # the hidden table keeps no column that would hold only NULLs (binaryData has a value)
         hidden = {c for (c,) in con.execute("SELECT column_name FROM duckdb_columns() WHERE table_name = '_NVTX_EVENTS'").fetchall()}
         assert {"binaryData", "textId", "_text_null"} <= hidden and not {"color", "jsonText"} & hidden
