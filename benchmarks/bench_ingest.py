@@ -50,6 +50,16 @@ command: compare within one run of this script; CPU s moves less):
   1,010 against 1,023 MB peak RSS (MB as this script counts them, KiB / 1024). Tried and dropped: the nesting joined by position (POSITIONAL JOIN)
   ran out of memory at 2GB on Parquet sources; the nesting as one Arrow relation by raw row instead of
   a temp table cost the same CPU and held more memory outside DuckDB's limit.
+- round 4 (DuckDB 1.2 storage, ZSTD only for text slots past 16 KiB, booleans in the shared small table,
+  small tables numbered smallest first; a 64 MB bulk-free flush threshold): one run before the flush
+  threshold and one after, 2 rounds each, fastest shown (the machine ran about 2x faster than in round
+  3, nsys's commands with it). SQLite path 3.01 / 3.26 s; ingest .arrow 2.04 / 2.09 s (1.47x / 1.56x);
+  .nsys-rep 2.82x / 3.03x the export; GPU-shaped 20.6 / 21.5 s (487,000 / 467,000 rows/s), 1,023 / 926
+  MB; 256MB 42.4 / 36.9 s, 775 / 760 MB. Sample databases 1.72 / 1.65 MB before round 4, 1.19 / 1.13
+  MB after (2.67x / 2.56x their reports). DuckDB 1.0 against 1.2 storage on the GPU-shaped capture, in
+  turn, 2 runs each: 35.5, 37.8 against 38.3, 34.9 CPU s, 299 against 298 MB: no difference. The flush
+  threshold alone (/usr/bin/time, 3 runs each): 1,020-1,025 MB peak at DuckDB's default (512 MiB),
+  919-921 MB at 64 MB, the same wall time.
 
 Why the .nsys-rep ingest costs 4-5x the export: it is the export, then the .arrow ingest, nothing more
 (no second export, no extra tables, no wait: CPU of one .nsys-rep ingest 6.21 / 5.96 s against 6.52 /

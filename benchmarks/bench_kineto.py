@@ -103,7 +103,7 @@ timed("DuckDB read_json of the event array into a table",
 db = out / "floor.duckdb"
 def empty_database():
     db.unlink(missing_ok=True)
-    c = duckdb.connect(str(db), config={"storage_compatibility_version": "v1.0.0", "default_block_size": "65536"})
+    c = duckdb.connect(str(db), config={"storage_compatibility_version": "v1.2.0", "default_block_size": "65536"})
     c.begin()
     for i in range(14):
         c.execute(f"CREATE TABLE t{i} (a BIGINT, b VARCHAR)")
