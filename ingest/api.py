@@ -44,9 +44,9 @@ BLOCK_SIZE = 65_536
 # DuckDB's own default is 80% of the machine's memory; an ingest spills to disk beyond this instead
 # (benchmarks/bench_ingest.py measures the peak memory it gives).
 DEFAULT_MEMORY_LIMIT = "512MB"
-# DuckDB hands freed memory back to the OS after a single free larger than this. Its default, 512 MiB, is the
-# whole default limit: the memory one statement freed stayed resident into the next, and a 10M-row capture
-# peaked at 1,020 MB instead of 920 MB (benchmarks/bench_ingest.py), in the same time.
+# DuckDB flushes its allocator's cached memory back to the OS after a bulk free larger than this. Its default,
+# 512 MiB, is the whole default limit: the memory one statement freed stayed resident into the next, and the
+# 10M-row benchmark capture peaked at 1,020-1,025 MB instead of 919-926 MB, in the same time.
 BULK_FREE_FLUSH = "64MB"
 
 

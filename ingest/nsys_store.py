@@ -228,7 +228,7 @@ def _store_small(ctx: LoadContext, sources: Sources, tables: list[TableStream], 
     """The rows of every small table in one table, and a view per table.
 
     Tables go in by size, smallest first, then name: the same order from every layout of one export, and
-    on the sample captures one block smaller than by name alone."""
+    on the static sample capture one block smaller than by name alone."""
     tables = sorted(tables, key=lambda table: (table.num_rows, table.name))
     slots: dict[str, int] = {kind: 0 for kind in _SLOT_PREFIX}
     places: dict[str, list[str]] = {}
