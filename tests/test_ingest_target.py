@@ -6,7 +6,6 @@ line, the old file byte for byte as it was and nothing left beside it.
 from __future__ import annotations
 
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import time
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
@@ -29,17 +29,17 @@ MB = 1 << 20
 def export(path: Path, rows: int, extra_tables: int = 0, seed: int = 1) -> Path:
     """An Arrow export in nsys's layout: StringIds, NVTX_EVENTS of `rows` push/pop ranges, and
     `extra_tables` more tables of as many rows (each under a row group: DuckDB logs them in its WAL)."""
-    rng = random.Random(seed)
+    rng = np.random.default_rng(seed)
 
     def events() -> pa.Table:
-        starts = sorted(rng.randrange(10**12) for _ in range(rows))
+        starts = np.sort(rng.integers(0, 10**12, rows))
         return pa.table({
             "start": pa.array(starts, pa.int64()),
-            "end": pa.array([s + rng.randrange(1, 10**6) for s in starts], pa.int64()),
-            "eventType": pa.array([59] * rows, pa.uint32()),
-            "textId": pa.array([rng.randrange(100) for _ in range(rows)], pa.uint32()),
-            "globalTid": pa.array([5] * rows, pa.uint64()),
-            "int64Value": pa.array([rng.randrange(10**9) for _ in range(rows)], pa.int64())})
+            "end": pa.array(starts + rng.integers(1, 10**6, rows), pa.int64()),
+            "eventType": pa.array(np.full(rows, 59), pa.uint32()),
+            "textId": pa.array(rng.integers(0, 100, rows), pa.uint32()),
+            "globalTid": pa.array(np.full(rows, 5), pa.uint64()),
+            "int64Value": pa.array(rng.integers(0, 10**9, rows), pa.int64())})
 
     tables = {"StringIds": pa.table({"id": pa.array(range(100), pa.uint32()),
                                      "value": pa.array([f"name{i}".encode() for i in range(100)], pa.binary())}),
