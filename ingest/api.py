@@ -169,7 +169,8 @@ def _pairing_note(con: duckdb.DuckDBPyConnection) -> str | None:
     them (within NVTX overhead: 18 us median on the sample traces' 4-8 ms iterations); a capture may
     cover part of a run (a capture range), so fewer steps alone are no sign.
     """
-    tables = {name for (name,) in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    tables = {name for (name,) in con.execute("SELECT table_name FROM duckdb_tables() UNION ALL "
+                                              "SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
     if not {"run_iterations", "run_meta", "nvtx_ranges"} <= tables:
         return None
     steps, iterations, matched, differ, clock = con.execute("""

@@ -151,9 +151,10 @@ class _RawTables:
 
 
 def empty_tables(con: duckdb.DuckDBPyConnection, tables: Iterable[str]) -> list[str]:
-    """Those of `tables` (in the main schema) that exist and hold no rows, for the closing summary."""
+    """Those of `tables` (tables or views in the main schema) that exist and hold no rows, for the closing summary."""
     present = {name for (name,) in con.execute(
-        "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' AND database_name = current_database()"
+        "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' AND database_name = current_database() "
+        "UNION ALL SELECT view_name FROM duckdb_views() WHERE schema_name = 'main' AND database_name = current_database()"
     ).fetchall()}
     return [t for t in tables if t in present and not con.execute(f'SELECT count(*) FROM "{t}"').fetchall()[0][0]]
 

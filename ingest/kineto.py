@@ -183,7 +183,8 @@ def _code(statement: str) -> str:
 
 
 def _is_create_table(statement: str) -> bool:
-    return _code(statement).startswith("CREATE TABLE ")
+    """A CREATE TABLE, or a CREATE VIEW over tables (nvtx_ranges over _nvtx_range_rows); not a temp one."""
+    return _code(statement).startswith(("CREATE TABLE ", "CREATE VIEW "))
 
 
 def _refuse_other_captures(con: duckdb.DuckDBPyConnection, path: Path) -> None:

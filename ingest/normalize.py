@@ -34,8 +34,9 @@ def sql_text(name: str) -> str:
 
 
 def normalized_tables() -> list[str]:
-    """Names of the normalized tables, in the order they are built."""
-    return [doc.table for name in SQL_FILES for doc in table_docs(sql_text(name))]
+    """Names of the normalized tables and views, in the order they are built (not the hidden tables, `_*`,
+    that views such as nvtx_ranges read)."""
+    return [doc.table for name in SQL_FILES for doc in table_docs(sql_text(name)) if not doc.table.startswith("_")]
 
 
 def build_normalized(
@@ -72,7 +73,7 @@ def _build(con: duckdb.DuckDBPyConnection, source: str, source_kind: str, progre
     for name in SQL_FILES:
         text = sql_text(name)
         if progress is not None:
-            progress.phase(f"building {', '.join(doc.table for doc in table_docs(text))}")
+            progress.phase(f"building {', '.join(d.table for d in table_docs(text) if not d.table.startswith('_'))}")
         for statement in statements(text):
             _execute(con, statement, made)
         for statement in comment_statements(text):

@@ -74,9 +74,9 @@ def _gpu_link(kind: str, columns: dict[str, str]) -> Link:
 
 HELD = (
     Held("NVTX_EVENTS", "_raw_nvtx", (
-        Link("(SELECT _row, range_id AS id FROM _nvtx_range_numbered)", "nvtx_ranges", "range_id",
+        Link("(SELECT _row, range_id AS id FROM _nvtx_range_numbered)", "_nvtx_range_rows", "range_id",
              {"start": "{n}.start_ns", "end": "{n}.end_ns", "endglobaltid": "{n}.end_global_tid", **_NVTX}),
-        Link("(SELECT _row, mark_id AS id FROM _nvtx_mark_numbered)", "nvtx_marks", "mark_id",
+        Link("(SELECT _row, mark_id AS id FROM _nvtx_mark_numbered)", "_nvtx_mark_rows", "mark_id",
              {"start": "{n}.ts_ns", **_NVTX}),
     )),
     Held("CUPTI_ACTIVITY_KIND_RUNTIME", "_raw_runtime", (

@@ -34,11 +34,11 @@ _SCHEMA = pa.schema([("range_id", pa.int64()), ("gpu_start_ns", pa.int64()), ("g
 def create_walked_projection(con: duckdb.DuckDBPyConnection) -> None:
     """The temp tables `_nvtx_walk_threads` (threads whose push/pop ranges form a stack) and
     `_nvtx_projection_walked`: per push/pop range of those threads, the span, GPU operations and launches
-    of its calls of non-zero length, read from `nvtx_ranges` and `_gpu_launches`."""
+    of its calls of non-zero length, read from `_nvtx_range_rows` (push/pop ranges: those with a depth) and `_gpu_launches`."""
     con.execute("""
         CREATE OR REPLACE TEMP TABLE _nvtx_walk_threads AS
-        SELECT global_tid, count(*) AS ranges FROM nvtx_ranges
-        WHERE range_kind = 'push_pop' AND global_tid IN (SELECT global_tid FROM _gpu_launches)
+        SELECT global_tid, count(*) AS ranges FROM _nvtx_range_rows
+        WHERE depth IS NOT NULL AND global_tid IN (SELECT global_tid FROM _gpu_launches)
         GROUP BY global_tid HAVING count(*) FILTER (depth > 0 AND parent_range_id IS NULL) = 0""")
     con.execute("CREATE OR REPLACE TEMP TABLE _nvtx_projection_walked (range_id BIGINT, gpu_start_ns BIGINT, "
                 "gpu_end_ns BIGINT, gpu_ops BIGINT, launches BIGINT)")
@@ -48,8 +48,8 @@ def create_walked_projection(con: duckdb.DuckDBPyConnection) -> None:
         for lo, hi in _slices(con, first, n):
             ranges = con.execute(
                 "SELECT global_tid, range_id, start_ns, coalesce(end_ns, $ts) AS end_eff, parent_range_id, "
-                "end_global_tid IS NULL OR end_global_tid = global_tid AS projected FROM nvtx_ranges "
-                "WHERE range_kind = 'push_pop' AND global_tid BETWEEN $first AND $last "
+                "end_global_tid IS NULL OR end_global_tid = global_tid AS projected FROM _nvtx_range_rows "
+                "WHERE depth IS NOT NULL AND global_tid BETWEEN $first AND $last "
                 "AND global_tid IN (SELECT global_tid FROM _nvtx_walk_threads) "
                 "AND start_ns < $hi AND coalesce(end_ns, $ts) >= $lo ORDER BY global_tid, range_id",
                 {"ts": ts, "first": first, "last": last, "lo": lo, "hi": hi}).fetchnumpy()
@@ -77,7 +77,7 @@ def _slices(con: duckdb.DuckDBPyConnection, tid: int, ranges: int) -> list[tuple
         return [(lowest, highest)]
     cuts = [row[0] for row in con.execute(
         "SELECT DISTINCT start_ns FROM (SELECT start_ns, row_number() OVER (ORDER BY range_id) - 1 AS i "
-        "FROM nvtx_ranges WHERE range_kind = 'push_pop' AND global_tid = ?) WHERE i % ? = 0 AND i > 0 ORDER BY 1",
+        "FROM _nvtx_range_rows WHERE depth IS NOT NULL AND global_tid = ?) WHERE i % ? = 0 AND i > 0 ORDER BY 1",
         [tid, nesting.CHUNK_RANGES]).fetchall()]
     bounds = [lowest, *cuts, highest]
     return list(zip(bounds[:-1], bounds[1:]))

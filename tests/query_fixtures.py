@@ -36,13 +36,24 @@ def pid_of(tid: int) -> int:
 
 
 def create_statements() -> list[str]:
-    """CREATE TABLE for every table ingest writes: nsys tables from ingest/sql, run tables from the run schema."""
-    out = []
+    """CREATE TABLE for every table ingest writes: nsys tables from ingest/sql, run tables from the run schema.
+
+    A normalized view (nvtx_ranges, nvtx_marks: the names of threads and domains looked up over a narrower
+    hidden table) becomes a table of the same columns and types, so that a test can insert the rows a
+    query reads without the lookups; the fingerprint tests check the views against what they replaced."""
+    out, views = [], {}
     for file in sorted(INGEST_SQL.glob("*.sql")):
         for statement in statements(file.read_text()):
             code = "\n".join(line for line in statement.splitlines() if not line.strip().startswith("--"))
             if re.match(r"\s*CREATE TABLE ", code):
                 out.append(code)
+            elif view := re.match(r"\s*CREATE VIEW (\w+) ", code):
+                views[view.group(1)] = code
+    hidden = [name for code in out if (name := code.split()[2]).startswith("_")]
+    for view, code in views.items():  # after every table they read
+        out += [code, f"CREATE TABLE _{view}_shape AS SELECT * FROM {view} LIMIT 0", f"DROP VIEW {view}",
+                f"ALTER TABLE _{view}_shape RENAME TO {view}"]
+    out += [f"DROP TABLE {name}" for name in hidden]
     for spec in RUN_TABLES:
         columns = ", ".join(f'"{name}" {DUCKDB_TYPES[kind]}' for name, (kind, _) in spec.columns.items())
         out.append(f"CREATE TABLE {spec.table} ({columns})")

@@ -180,7 +180,7 @@ SELECT global_pid, row_number() OVER (PARTITION BY global_pid ORDER BY domain_na
 FROM (SELECT DISTINCT global_pid, domain_name FROM _kineto_annotations WHERE domain_name IS NOT NULL)
 ORDER BY ALL;
 
-INSERT INTO nvtx_ranges
+INSERT INTO _nvtx_range_rows
 WITH
   ranges AS (
     SELECT *, row_number() OVER (ORDER BY start_ns, global_tid, end_ns DESC, _row) AS range_id
@@ -215,22 +215,17 @@ WITH
     ASOF LEFT JOIN depths AS p ON p.global_tid = c.global_tid AND p.depth = c.depth - 1 AND c.range_id > p.range_id
   )
 SELECT
-  r.range_id, 'push_pop', r.start_ns, r.end_ns, r.end_ns - r.start_ns, r.text,
-  coalesce(d.domain_id, 0), r.domain_name, NULL, NULL, NULL,
-  r.global_tid, r.global_pid, r.pid, r.tid, r.thread_name, NULL,
-  r.int64_value, NULL, NULL, NULL, NULL, NULL, NULL,
-  p.parent_range_id, p.depth
+  r.range_id, r.start_ns, r.end_ns, r.text, coalesce(d.domain_id, 0), NULL, NULL, r.global_tid, NULL,
+  r.int64_value, NULL, NULL, NULL, NULL, NULL, NULL, p.parent_range_id, p.depth
 FROM ranges AS r
 JOIN parents AS p USING (range_id)
 LEFT JOIN nvtx_domains AS d ON d.global_pid = r.global_pid AND d.name = r.domain_name
 ORDER BY r.range_id;
 
-INSERT INTO nvtx_marks
+INSERT INTO _nvtx_mark_rows
 SELECT
   row_number() OVER (ORDER BY m.start_ns, m.global_tid, m._row), m.start_ns, m.text,
-  coalesce(d.domain_id, 0), m.domain_name, NULL, NULL, NULL,
-  m.global_tid, m.global_pid, m.pid, m.tid, m.thread_name,
-  m.int64_value, NULL, NULL, NULL, NULL, NULL, NULL
+  coalesce(d.domain_id, 0), NULL, NULL, m.global_tid, m.int64_value, NULL, NULL, NULL, NULL, NULL, NULL
 FROM _kineto_annotations AS m
 LEFT JOIN nvtx_domains AS d ON d.global_pid = m.global_pid AND d.name = m.domain_name
 WHERE m.is_mark

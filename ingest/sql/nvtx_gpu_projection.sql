@@ -49,15 +49,15 @@ WITH
   range_keys AS (
     SELECT
       r.range_id,
-      r.range_kind = 'push_pop' AND w.global_tid IS NOT NULL AS walked,
+      r.depth IS NOT NULL AND w.global_tid IS NOT NULL AS walked,
       (r.global_tid::HUGEINT << 64) + r.start_ns AS lo,
       (r.global_tid::HUGEINT << 64) + coalesce(r.end_ns, (SELECT ts FROM trace_end)) AS hi
-    FROM nvtx_ranges AS r
+    FROM _nvtx_range_rows AS r  -- nvtx_ranges' stored columns: push/pop ranges have a depth
     LEFT JOIN _nvtx_walk_threads AS w USING (global_tid)
     WHERE (r.end_global_tid IS NULL OR r.end_global_tid = r.global_tid)
       -- Only the ranges the walk leaves, and those of the walk's threads with calls of zero length:
       -- the join sorts every range it is given, even for no call.
-      AND (r.range_kind <> 'push_pop' OR w.global_tid IS NULL
+      AND (r.depth IS NULL OR w.global_tid IS NULL
            OR r.global_tid IN (SELECT global_tid FROM _gpu_launches WHERE end_ns = start_ns))
       AND r.global_tid IN (SELECT global_tid FROM _gpu_launches)
   ),

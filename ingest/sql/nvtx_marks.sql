@@ -1,46 +1,105 @@
--- NVTX marks: one row per instantaneous marker (nvtxMark, eventType 34), resolved like nvtx_ranges.
-CREATE TABLE nvtx_marks (
-  -- Id of the mark in this database: its position by ts_ns, then global_tid; stable across re-ingests.
+-- The stored columns of nvtx_marks (the others are looked up by the view): read nvtx_marks.
+CREATE TABLE _nvtx_mark_rows (
+  -- As nvtx_marks.mark_id.
   mark_id BIGINT,
-  -- When the mark was made, in ns since the capture session started.
+  -- As nvtx_marks.ts_ns.
   ts_ns BIGINT,
-  -- The mark's message: inline text, else the registered string it names (StringIds via textId).
+  -- As nvtx_marks.text.
   text VARCHAR,
-  -- NVTX domain id within the process; 0 is the default domain.
+  -- As nvtx_marks.domain_id.
   domain_id BIGINT,
-  -- Domain name (nvtx_domains); NULL for the default domain.
-  domain_name VARCHAR,
-  -- NVTX category id; NULL when the mark has none.
+  -- As nvtx_marks.category_id.
   category_id BIGINT,
-  -- Category name (nvtx_categories); NULL when unnamed.
-  category_name VARCHAR,
-  -- ARGB colour the mark asked for, if any.
+  -- As nvtx_marks.color.
   color BIGINT,
-  -- Global id of the thread that made the mark (threads.global_tid).
+  -- As nvtx_marks.global_tid.
   global_tid BIGINT,
-  -- Global id of that thread's process (processes.global_pid).
-  global_pid BIGINT,
-  -- Operating-system process id.
-  pid BIGINT,
-  -- Operating-system thread id.
-  tid BIGINT,
-  -- Name of the thread that made the mark.
-  thread_name VARCHAR,
-  -- Signed 64-bit payload; NULL when the mark carries none of this type. Each payload column below likewise.
+  -- As nvtx_marks.int64_value.
   int64_value BIGINT,
-  -- Unsigned 64-bit payload.
+  -- As nvtx_marks.uint64_value.
   uint64_value UBIGINT,
-  -- Signed 32-bit payload.
+  -- As nvtx_marks.int32_value.
   int32_value INTEGER,
-  -- Unsigned 32-bit payload.
+  -- As nvtx_marks.uint32_value.
   uint32_value UINTEGER,
-  -- Double-precision payload.
+  -- As nvtx_marks.double_value.
   double_value DOUBLE,
-  -- Single-precision payload.
+  -- As nvtx_marks.float_value.
   float_value FLOAT,
-  -- JSON payload text, where the mark carried one.
+  -- As nvtx_marks.json_text.
   json_text VARCHAR
 );
+
+-- NVTX marks: one row per instantaneous marker (nvtxMark, eventType 34), resolved like nvtx_ranges.
+-- Stored are the values only a mark has (_nvtx_mark_rows); the rest is looked up, as for nvtx_ranges.
+CREATE VIEW nvtx_marks (
+  -- Id of the mark in this database: its position by ts_ns, then global_tid; stable across re-ingests.
+  mark_id,
+  -- When the mark was made, in ns since the capture session started.
+  ts_ns,
+  -- The mark's message: inline text, else the registered string it names (StringIds via textId).
+  text,
+  -- NVTX domain id within the process; 0 is the default domain.
+  domain_id,
+  -- Domain name (nvtx_domains); NULL for the default domain.
+  domain_name,
+  -- NVTX category id; NULL when the mark has none.
+  category_id,
+  -- Category name (nvtx_categories); NULL when unnamed.
+  category_name,
+  -- ARGB colour the mark asked for, if any.
+  color,
+  -- Global id of the thread that made the mark (threads.global_tid).
+  global_tid,
+  -- Global id of that thread's process (processes.global_pid).
+  global_pid,
+  -- Operating-system process id.
+  pid,
+  -- Operating-system thread id.
+  tid,
+  -- Name of the thread that made the mark.
+  thread_name,
+  -- Signed 64-bit payload; NULL when the mark carries none of this type. Each payload column below likewise.
+  int64_value,
+  -- Unsigned 64-bit payload.
+  uint64_value,
+  -- Signed 32-bit payload.
+  int32_value,
+  -- Unsigned 32-bit payload.
+  uint32_value,
+  -- Double-precision payload.
+  double_value,
+  -- Single-precision payload.
+  float_value,
+  -- JSON payload text, where the mark carried one.
+  json_text
+) AS
+SELECT
+  m.mark_id,
+  m.ts_ns,
+  m.text,
+  m.domain_id,
+  d.name,
+  m.category_id,
+  c.name,
+  m.color,
+  m.global_tid,
+  t.global_pid,
+  t.pid,
+  t.tid,
+  t.name,
+  m.int64_value,
+  m.uint64_value,
+  m.int32_value,
+  m.uint32_value,
+  m.double_value,
+  m.float_value,
+  m.json_text
+FROM _nvtx_mark_rows AS m
+LEFT JOIN threads AS t ON t.global_tid = m.global_tid
+LEFT JOIN nvtx_domains AS d ON d.global_pid = t.global_pid AND d.domain_id = m.domain_id
+LEFT JOIN nvtx_categories AS c
+  ON c.global_pid = t.global_pid AND c.domain_id = m.domain_id AND c.category_id = m.category_id;
 
 -- Every mark with its mark_id; also read by nsys_store.
 CREATE OR REPLACE TEMP TABLE _nvtx_mark_numbered AS
@@ -48,21 +107,15 @@ SELECT _row, row_number() OVER (ORDER BY start, globalTid, _row) AS mark_id
 FROM _raw_nvtx
 WHERE eventType = 34;
 
-INSERT INTO nvtx_marks
+INSERT INTO _nvtx_mark_rows
 SELECT
   n.mark_id,
   e.start,
   e.text,
   e.domain_id,
-  e.domain_name,
   e.category_id,
-  e.category_name,
   e.color,
   e.global_tid,
-  e.global_pid,
-  e.pid,
-  e.tid,
-  e.thread_name,
   e.int64_value,
   e.uint64_value,
   e.int32_value,
@@ -72,5 +125,5 @@ SELECT
   e.json_text
 FROM _nvtx_mark_numbered AS n
 JOIN _nvtx_events AS e ON e._row = n._row
-WHERE e.event_type = 34  -- before the lookups of text, domain, category and thread, not after
+WHERE e.event_type = 34
 ORDER BY n.mark_id;

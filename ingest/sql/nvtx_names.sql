@@ -45,8 +45,8 @@ WHERE e.eventType = 33 AND e.category IS NOT NULL
 GROUP BY ALL
 ORDER BY ALL;
 
--- Every NVTX event with its text, domain, category and thread resolved; shared by nvtx_ranges and
--- nvtx_marks, dropped when the ingest ends.
+-- Every NVTX event with its text and payloads resolved (the views nvtx_ranges and nvtx_marks look up
+-- the names of its thread, domain and category); dropped when the ingest ends.
 CREATE TEMP VIEW _nvtx_events AS
 SELECT
   e._row,
@@ -55,15 +55,9 @@ SELECT
   e."end",
   coalesce(e.text, s.value) AS text,
   coalesce(e.domainId, 0) AS domain_id,
-  d.name AS domain_name,
   e.category AS category_id,
-  c.name AS category_name,
   e.color,
   e.globalTid AS global_tid,
-  (e.globalTid >> 24) << 24 AS global_pid,
-  (e.globalTid >> 24) & 16777215 AS pid,
-  e.globalTid & 16777215 AS tid,
-  t.name AS thread_name,
   e.endGlobalTid AS end_global_tid,
   e.int64Value AS int64_value,
   -- Stored as signed 64-bit, like nsys's SQLite export; turned back into the unsigned value.
@@ -76,9 +70,4 @@ SELECT
   coalesce(e.jsonText, j.value) AS json_text
 FROM _raw_nvtx AS e
 LEFT JOIN _raw_strings AS s ON s.id = e.textId
-LEFT JOIN _raw_strings AS j ON j.id = e.jsonTextId
-LEFT JOIN nvtx_domains AS d
-  ON d.global_pid = (e.globalTid >> 24) << 24 AND d.domain_id = coalesce(e.domainId, 0)
-LEFT JOIN nvtx_categories AS c
-  ON c.global_pid = (e.globalTid >> 24) << 24 AND c.domain_id = coalesce(e.domainId, 0) AND c.category_id = e.category
-LEFT JOIN threads AS t ON t.global_tid = e.globalTid;
+LEFT JOIN _raw_strings AS j ON j.id = e.jsonTextId;
