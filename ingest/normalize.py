@@ -39,6 +39,11 @@ def normalized_tables() -> list[str]:
     return [doc.table for name in SQL_FILES for doc in table_docs(sql_text(name)) if not doc.table.startswith("_")]
 
 
+def stored_tables() -> list[str]:
+    """Names of the tables (not views) the normalized SQL creates, the hidden ones that views read included."""
+    return [doc.table for name in SQL_FILES for doc in table_docs(sql_text(name)) if doc.kind == "TABLE"]
+
+
 def build_normalized(
     con: duckdb.DuckDBPyConnection,
     raw_schema: str,

@@ -15,7 +15,8 @@ from itertrace.errors import UserError
 from itertrace.ingest.arrow_io import arrow_export_tables, folder_tables, table_files
 from itertrace.ingest.checks import check_raw_tables
 from itertrace.ingest.loader import LoadContext
-from itertrace.ingest.normalize import build_normalized_over
+from itertrace.ingest.fold import fold_small_tables
+from itertrace.ingest.normalize import build_normalized_over, stored_tables
 from itertrace.ingest.nsys import check_report, export_arrow, find_nsys, report_version
 from itertrace.ingest.nsys_store import SCHEMA as RAW_SCHEMA
 from itertrace.ingest.nsys_store import store_raw_tables
@@ -84,6 +85,7 @@ class NsysLoader:
             columns = {name: {c.name.lower(): c.name for c in found} for name, found in sources.columns.items()}
             build_normalized_over(ctx.con, sources.relations, columns, str(path.resolve()), kind.value, ctx.progress)
             store_raw_tables(ctx, sources, tables, drop_volatile=export is not None)
+            fold_small_tables(ctx.con, stored_tables())
         finally:
             sources.close()
         if export is not None:

@@ -88,9 +88,12 @@ def write_parquetdir(tables: dict[str, pa.Table], folder: Path) -> Path:
 
 
 def contents(db: Path, skip: tuple[str, ...] = ()) -> dict[str, list]:
-    """Every table's rows (sorted) and every column comment, keyed by schema.table."""
+    """Every table's and view's rows (sorted) and every column comment, keyed by schema.table; not the
+    rows of the folded small tables (`_small_tables`), which their views show."""
     with duckdb.connect(str(db), read_only=True) as con:
-        names = con.execute("SELECT schema_name, table_name FROM duckdb_tables() ORDER BY ALL").fetchall()
+        names = con.execute("SELECT schema_name, table_name FROM duckdb_tables() WHERE table_name <> '_small_tables' "
+                            "UNION ALL SELECT schema_name, view_name FROM duckdb_views() WHERE NOT internal "
+                            "ORDER BY ALL").fetchall()
         out = {f"{s}.{t}": con.execute(f'SELECT * FROM {s}."{t}" ORDER BY ALL').fetchall()
                for s, t in names if t not in skip}
         out["comments"] = con.execute("SELECT table_name, column_name, comment FROM duckdb_columns() "
