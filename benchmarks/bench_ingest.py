@@ -17,7 +17,8 @@ fastest run and its peak memory; the JSON keeps every run):
 
 Ratios: the SQLite path over the .arrow ingest (target >= 10), the .nsys-rep ingest over the Arrow
 export (target <= 1.5), rows/s of the GPU-shaped ingest (target >= 2,000,000), peak RSS (target < 1 GB
-by default), and each database's size over its .nsys-rep's (target <= 2; also for `sample_traces/`).
+by default), and each database's size over its .nsys-rep's (target <= 2; also for `sample_traces/`);
+the database sizes shown are those of the default-settings ingests (.arrow; parquetdir).
 Wall times are the whole process (interpreter start included); `ingest s` is the ingest's own clock,
 from its closing line; `CPU s` is user + system CPU of the process and its waited-for children, which a
 busy machine inflates far less than wall time. Peak RSS is the process and its waited-for children
@@ -60,13 +61,28 @@ command: compare within one run of this script; CPU s moves less):
   turn, 2 runs each: 35.5, 37.8 against 38.3, 34.9 CPU s, 299 against 298 MB: no difference. The flush
   threshold alone (/usr/bin/time, 3 runs each): 1,020-1,025 MB peak at DuckDB's default (512 MiB),
   919-921 MB at 64 MB, the same wall time.
+- round 5 (nvtx_ranges and nvtx_marks as views over 18 and 14 stored columns; a capture's small tables
+  folded into one, `ingest/fold.py`). Old and new code in turn on the same exports, whole `itertrace
+  ingest` processes, once after the views and once after the fold: 1M-range .arrow, 6 runs each (2
+  sessions of 3): 2.71-3.56 s, 4.22-5.32 CPU s against 2.37-3.14 s, 3.47-4.42 CPU s, databases 17.6-17.8
+  against 14.3-14.6 MB; GPU-shaped, 4 runs each (2 sessions of 2): 27.6-34.3 s, 47.0-54.0 CPU s against
+  21.4-30.7 s, 35.5-46.2 CPU s, peak RSS 915-923 MB against 916-923 MB, databases 298.5-298.9 against
+  255.7-256.4 MB. In process, one run of each, the statement writing the GPU-shaped capture's 6.1M
+  ranges (the nesting apart) went from 14.2 to 5.3 s wall, 18 columns written instead of 26. This
+  script, twice (2 rounds each, fastest shown; load 0.3 -> 1.8 and 0.4 -> 2.3): SQLite path 5.02 / 5.08
+  s; ingest .arrow 3.06 / 3.18 s (1.64x / 1.60x); .nsys-rep 2.58x / 2.64x the export (1.80 / 1.79 s);
+  GPU-shaped 21.8 / 26.3 s (459,000 / 382,000 rows/s), 910 / 918 MB; 256MB 43.4 / 54.1 s, 759 / 756 MB.
+  Sample databases 1.13 MB (17 blocks) before the fold, 864,256 bytes (13 blocks) after: 1.97x and 1.93x
+  their reports. Reading through the views costs queries little: on the 1M-range database,
+  host_gaps_parts 0.99-1.19 s against 1.12-1.13 s from the tables, iterations 0.12-0.18 against 0.15 s
+  (2 runs each).
 
-Why the .nsys-rep ingest costs 4-5x the export: it is the export, then the .arrow ingest, nothing more
-(no second export, no extra tables, no wait: CPU of one .nsys-rep ingest 6.21 / 5.96 s against 6.52 /
-5.62 s for `nsys export --type arrow` plus the .arrow ingest, 2 runs in turn). The .arrow ingest is the
-part over the target. Overlapping the two would not help: the export writes nothing for ~85% of its
-time (9.7 of 11.3 s, polling its file's size), and NVTX_EVENTS, which everything waits on, is written
-at the end.
+Why the .nsys-rep ingest costs 2.6-5x the export (rounds 1-5): it is the export, then the .arrow ingest,
+nothing more (no second export, no extra tables, no wait: CPU of one .nsys-rep ingest 6.21 / 5.96 s
+against 6.52 / 5.62 s for `nsys export --type arrow` plus the .arrow ingest, 2 runs in turn). The .arrow
+ingest is the part over the target. Overlapping the two would not help: the export writes nothing for
+~85% of its time (9.7 of 11.3 s, polling its file's size), and NVTX_EVENTS, which everything waits on,
+is written at the end.
 
 Floor (CPU s, so that the machine's load counts less; on an idle machine DuckDB runs on both cores;
 round 3: writing the 1M-range nvtx_ranges from memory took 1.46-1.94 CPU s, about a third of it its four
@@ -78,33 +94,31 @@ memory; 0.89 without its 9 all-NULL columns), nvtx_marks 250k x 20 0.21. GPU-sha
 26 11.2, gpu_ops 1.6M x 16 2.7 (106 ns a value: long kernel names), cuda_api 2.1M x 13 1.3,
 nvtx_gpu_projection 1.2M x 6 0.27: 15.5 CPU s before any of nsys's own tables.
 
-Targets not reached, and what would reach them:
-- .arrow ingest >= 10x the SQLite path (0.31-0.42 s, the SQLite path taking 3.1-4.2 s in the figures
-  above): below the floor, so not while nvtx_ranges' 26 columns are written (the imports alone take 0.35-0.38
-  CPU s). To the floor (imports and writes, 1.7-1.8 CPU s, against 4.1-5.5 now): build nvtx_ranges in
-  Arrow (pyarrow `take` over the small string, domain, category and thread tables; range_id by a numpy
-  lexsort; the nesting as now) and let DuckDB run one CREATE TABLE AS over it; nsys._NVTX_EVENTS's ids
-  then come from the same arrays by position, without its two LEFT JOINs on _row. Past the floor: write
-  fewer values, e.g. nvtx_ranges as a view computing dur_ns, pid, tid, global_pid, range_kind and the
-  thread, domain and category names (9 of 26 columns) over a narrower table, which every reader of
-  duckdb_tables() and the fingerprints must then accept.
-- .nsys-rep ingest <= 1.5x the export: the .arrow ingest must take at most half the export, 0.8-0.9
-  CPU s (the export: 1.54-1.77, 2 runs), and the writes of nvtx_ranges and nvtx_marks alone take
-  1.36-1.47: the design above, and the narrower nvtx_ranges with it.
-- GPU-shaped >= 2M rows/s (10M rows in 5 s, 10 CPU s on 2 cores): the normalized tables' writes alone
-  take 15.5 CPU s: the narrower nvtx_ranges above (the projection's join is now a walk, round 3); the
-  rest is _nvtx_range_numbered's window over 6.1M ranges (3.4 s wall), gpu_ops' long kernel names
-  (3-4 s) and the hidden nsys._NVTX_EVENTS (2 s), each a table written once that a numpy lexsort or a
-  narrower table would shrink.
-- Peak RSS < 1 GB: the numpy nesting first took the GPU-shaped ingest to 1,023-1,184 MB (3 runs; 695-698
-  before): one thread's 3M ranges as arrays beside DuckDB's 512 MB. A thread past CHUNK_RANGES is now
-  taken in pieces, carrying only the ranges still open (nesting.py): 932, 974 and 977 MB in three runs of
-  `itertrace ingest` on that capture (1,033 MB with pieces of 500k, so the rest is the machine's spread
-  and the raw load, where the peak now falls). Round 3: 992-1,023 MB with the walk in spans (1,108-1,144 before it was), 1,010 for the old code, on
-  this machine; the peak falls while nsys._NVTX_EVENTS and nvtx_ranges are written, DuckDB's 512 MB and
-  its Parquet reader's buffers beside the interpreter, and glibc's malloc thresholds do not move it
-  (MALLOC_MMAP_THRESHOLD_ fixed: 1,027 MB). `--memory-limit 256MB` gives 765 MB at 2.7x the time; a
-  default between the two was not tried.
+Targets not reached, and what would reach them (round 5 reached the size target and keeps the memory
+one):
+- .arrow ingest >= 10x the SQLite path (0.5 s, the SQLite path taking 5.0-5.1 s in round 5): below the
+  floor (the imports alone take 0.35-0.38 CPU s, and writing the 1M ranges' 18 stored columns about 0.6
+  s). In process, round 5's 1M-range ingest spends 0.6 s writing the ranges, 0.35 s on the nesting, 0.23
+  s numbering the ranges (a window over them), 0.5-0.6 s on nsys's own tables (mostly _NVTX_EVENTS, two
+  joins on the raw row) and 0.15 s writing the marks. Next: the range_id by a numpy lexsort beside the
+  nesting, and _NVTX_EVENTS's ids from the same arrays by position instead of two joins; fewer stored
+  columns still (the ranges' text as an id into its distinct values measured 2.4-3.3 against 3.05-3.11 s
+  for 6.1M ranges written from memory: not worth it).
+- .nsys-rep ingest <= 1.5x the export: the .arrow ingest must take at most half the export, about 0.9
+  s: the same work as above.
+- GPU-shaped >= 2M rows/s (10M rows in 5 s, 10 CPU s on 2 cores): in process, round 5 spends 5.3 s
+  writing the ranges, 3.2 s on the nesting, 2.8 s numbering the ranges, 3.2 s walking the projection and
+  0.8 s on its SQL, 2.8-3.5 s on gpu_ops (1.3 s of it the write, 0.5 s of that the kernel names: 45
+  distinct names of 175 characters on average over 1.6M rows), 1.6 s on cuda_api and 3-4 s on nsys's own
+  tables. gpu_ops and cuda_api as views over narrower tables (names as ids into their distinct values,
+  dur_ns and pid computed) come next, then the numbering and nesting above.
+- Peak RSS < 1 GB: met. The numpy nesting first took the GPU-shaped ingest to 1,023-1,184 MB (3 runs;
+  695-698 before): one thread's 3M ranges as arrays beside DuckDB's 512 MB. A thread past CHUNK_RANGES is
+  now taken in pieces, carrying only the ranges still open (nesting.py); the peak falls while
+  nsys._NVTX_EVENTS and the ranges are written, DuckDB's memory beside its Parquet reader's buffers and
+  the interpreter, and glibc's malloc thresholds do not move it (MALLOC_MMAP_THRESHOLD_ fixed: 1,027 MB).
+  Round 4's 64 MB bulk-free flush threshold took it from 1,020-1,025 to 919-921 MB. `--memory-limit
+  256MB` gives 756-775 MB at 2-2.7x the time.
 """
 from __future__ import annotations
 
@@ -247,6 +261,7 @@ def nvtx_benchmark(args: argparse.Namespace, nsys: Nsys) -> dict:
     report = nvtx_capture(out, args.steps, nsys)
     arrow, sqlite, db = out / "export.arrow", out / "export.sqlite", out / "nvtx.duckdb"
     ingest = [sys.executable, "-m", "itertrace.cli", "ingest", "--db", str(db)]
+    other = [sys.executable, "-m", "itertrace.cli", "ingest", "--db", str(out / "nvtx-other.duckdb")]
     exe = str(nsys.executable)
     runs = in_turn([
         ("nsys export --type sqlite", [exe, "export", "--type", "sqlite", "-f", "true", "-q", "true",
@@ -256,9 +271,9 @@ def nvtx_benchmark(args: argparse.Namespace, nsys: Nsys) -> dict:
         ("nsys export --type arrow", [exe, "export", "--type", "arrow", "-f", "true", "-q", "true",
                                       "-o", str(arrow), str(report)]),
         ("itertrace ingest .arrow", [*ingest, str(arrow)]),
-        ("itertrace ingest .nsys-rep", [*ingest, str(report)]),
+        ("itertrace ingest .nsys-rep", [*other, str(report)]),
         (f"itertrace ingest .nsys-rep --memory-limit {args.memory_limit}",
-         [*ingest, "--memory-limit", args.memory_limit, str(report)]),
+         [*other, "--memory-limit", args.memory_limit, str(report)]),
     ], args.repeat)
     shown = {name: best(found) for name, found in runs.items()}
     sqlite_path = shown["nsys export --type sqlite"].wall_s + shown["nsys stats --report nvtxsum"].wall_s
@@ -277,10 +292,11 @@ def gpu_benchmark(args: argparse.Namespace) -> dict:
     folder, copies = gpu_export(args.out, args.gpu_rows)
     db = args.out / "gpu.duckdb"
     ingest = [sys.executable, "-m", "itertrace.cli", "ingest", "--db", str(db)]
+    bounded = [sys.executable, "-m", "itertrace.cli", "ingest", "--db", str(args.out / "gpu-bounded.duckdb")]
     runs = in_turn([
         ("itertrace ingest parquetdir", [*ingest, str(folder)]),
         (f"itertrace ingest parquetdir --memory-limit {args.gpu_memory_limit}",
-         [*ingest, "--memory-limit", args.gpu_memory_limit, str(folder)]),
+         [*bounded, "--memory-limit", args.gpu_memory_limit, str(folder)]),
     ], args.repeat)
     shown = {name: best(found) for name, found in runs.items()}
     first = shown["itertrace ingest parquetdir"]

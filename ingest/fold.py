@@ -40,7 +40,10 @@ def fold_small_tables(con: duckdb.DuckDBPyConnection, names: list[str]) -> list[
             used[kind] = used.get(kind, 0) + 1
         width = {kind: max(width.get(kind, 0), used.get(kind, 0)) for kind in width.keys() | used.keys()}
     slots = {_slot(kind, i): kind for kind in sorted(width) for i in range(width[kind])}
-    declared = ", ".join(["table_id INTEGER", "row_id BIGINT", *(f"{quote(slot)} {kind}" for slot, kind in slots.items())])
+    # Text in dictionaries: DuckDB's choice between them and FSST varies from run to run for the same
+    # values (FSST trains on a sample), and with it the blocks this table takes.
+    declared = ", ".join(["table_id INTEGER", "row_id BIGINT", *(
+        f"{quote(slot)} {kind}{' USING COMPRESSION dictionary' if kind == 'VARCHAR' else ''}" for slot, kind in slots.items())])
     con.execute(f"CREATE TABLE main.{TABLE} ({declared})")
     for number, name in enumerate(folded):
         have = dict(zip(places[name], (column for column, _, _ in columns[name])))
