@@ -75,7 +75,9 @@ command: compare within one run of this script; CPU s moves less):
   Sample databases 1.13 MB (17 blocks) before the fold, 864,256 bytes (13 blocks) after: 1.97x and 1.93x
   their reports. Reading through the views costs queries little: on the 1M-range database,
   host_gaps_parts 0.99-1.19 s against 1.12-1.13 s from the tables, iterations 0.12-0.18 against 0.15 s
-  (2 runs each).
+  (2 runs each). cuda_api as a view over 9 stored columns, old and new code in turn on the GPU-shaped
+  capture, 4 runs each: 23.9-30.9 s, 40.2-45.6 CPU s against 21.5-24.9 s, 35.9-40.8 CPU s; databases
+  256.1-256.4 against 241.3-242.0 MB.
 
 Why the .nsys-rep ingest costs 2.6-5x the export (rounds 1-5): it is the export, then the .arrow ingest,
 nothing more (no second export, no extra tables, no wait: CPU of one .nsys-rep ingest 6.21 / 5.96 s
@@ -110,8 +112,9 @@ one):
   writing the ranges, 3.2 s on the nesting, 2.8 s numbering the ranges, 3.2 s walking the projection and
   0.8 s on its SQL, 2.8-3.5 s on gpu_ops (1.3 s of it the write, 0.5 s of that the kernel names: 45
   distinct names of 175 characters on average over 1.6M rows), 1.6 s on cuda_api and 3-4 s on nsys's own
-  tables. gpu_ops and cuda_api as views over narrower tables (names as ids into their distinct values,
-  dur_ns and pid computed) come next, then the numbering and nesting above.
+  tables (cuda_api is now a view over 9 stored columns). gpu_ops as a view over a narrower table (names
+  as ids into their distinct values, dur_ns and pid computed) comes next, then the numbering and nesting
+  above.
 - Peak RSS < 1 GB: met. The numpy nesting first took the GPU-shaped ingest to 1,023-1,184 MB (3 runs;
   695-698 before): one thread's 3M ranges as arrays beside DuckDB's 512 MB. A thread past CHUNK_RANGES is
   now taken in pieces, carrying only the ranges still open (nesting.py); the peak falls while

@@ -80,7 +80,7 @@ HELD = (
              {"start": "{n}.ts_ns", **_NVTX}),
     )),
     Held("CUPTI_ACTIVITY_KIND_RUNTIME", "_raw_runtime", (
-        Link("(SELECT _row, api_id AS id FROM _cuda_api_numbered)", "cuda_api", "api_id",
+        Link("(SELECT _row, api_id AS id FROM _cuda_api_numbered)", "_cuda_api_rows", "api_id",
              {"start": "{n}.start_ns", "end": "{n}.end_ns", "eventclass": "{n}.event_class",
               "globaltid": "{n}.global_tid", "correlationid": "{n}.correlation_id",
               "returnvalue": "{n}.return_value"}),

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from itertrace.ingest import ingest, normalized_tables
+from itertrace.ingest.normalize import stored_tables
 
 SAMPLES = Path(__file__).resolve().parents[1].parent / "shared" / "nsys_samples"
 EXPORTS = sorted(SAMPLES.glob("arrow_2022.4/*.arrow")) + sorted(SAMPLES.glob("*_pqtdir"))
@@ -126,7 +127,7 @@ def test_capture_meta_and_comments(sample):
                                         "SELECT view_name FROM duckdb_views() WHERE schema_name = 'main' AND NOT internal"
                                         ).fetchall()}
     # and the table the small ones are folded into (ingest/fold.py), where any are
-    assert tables - {"_small_tables"} == set(normalized_tables()) | {"_nvtx_range_rows", "_nvtx_mark_rows"}
+    assert tables - {"_small_tables"} == set(normalized_tables()) | set(stored_tables())
 
 
 def plain_projection(raw: dict[str, list[dict]]) -> Counter:

@@ -231,13 +231,13 @@ LEFT JOIN nvtx_domains AS d ON d.global_pid = m.global_pid AND d.name = m.domain
 WHERE m.is_mark
 ORDER BY 1;
 
-INSERT INTO cuda_api
+INSERT INTO _cuda_api_rows
 SELECT
   row_number() OVER (ORDER BY e.ts_ns, t.global_tid, e.correlation_id, e.rowid),
-  e.ts_ns, e.ts_ns + e.dur_ns, e.dur_ns, e.name,
+  e.ts_ns, e.ts_ns + e.dur_ns, e.name,
   CASE WHEN e.cat IN ('cuda_driver', 'driver') THEN 1 ELSE 0 END,
   CASE WHEN e.cat IN ('cuda_driver', 'driver') THEN 'CUDA driver' ELSE 'CUDA runtime' END,
-  t.global_tid, t.global_pid, e.pid, e.tid, e.correlation_id, NULL
+  t.global_tid, e.correlation_id, NULL
 FROM _kineto_events AS e
 JOIN _kineto_threads AS t USING (source_no, pid, tid)
 WHERE e.ph = 'X' AND e.cat IN ('cuda_runtime', 'runtime', 'cuda_driver', 'driver')

@@ -30,8 +30,8 @@ SELECT
   min(g.start_ns) AS gpu_start_ns,
   max(g.end_ns) AS gpu_end_ns,
   count(*) AS gpu_ops
-FROM cuda_api AS a
-JOIN gpu_ops AS g ON g.correlation_id = a.correlation_id AND g.global_pid = a.global_pid
+FROM _cuda_api_rows AS a  -- cuda_api's stored columns; a call's process is its thread's, bits 24 and up
+JOIN gpu_ops AS g ON g.correlation_id = a.correlation_id AND g.global_pid = (a.global_tid >> 24) << 24
 GROUP BY a.api_id, a.global_tid, a.start_ns, a.end_ns;
 
 -- Push/pop ranges on threads whose ranges form a stack, and the calls of non-zero length on those
