@@ -14,6 +14,7 @@ import re
 import duckdb
 
 from itertrace.ingest.loader import quote
+from itertrace.ingest.sqldoc import literal
 
 TABLE = "_small_tables"
 FOLD_ROWS = 100_000
@@ -40,8 +41,8 @@ def fold_small_tables(con: duckdb.DuckDBPyConnection, names: list[str]) -> list[
             used[kind] = used.get(kind, 0) + 1
         width = {kind: max(width.get(kind, 0), used.get(kind, 0)) for kind in width.keys() | used.keys()}
     slots = {_slot(kind, i): kind for kind in sorted(width) for i in range(width[kind])}
-    # Text in dictionaries: DuckDB's choice between them and FSST varies from run to run for the same
-    # values (FSST trains on a sample), and with it the blocks this table takes.
+    # Text in dictionaries: DuckDB's own choice between them and FSST varied from run to run for the same
+    # values, and with it the blocks this table takes.
     declared = ", ".join(["table_id INTEGER", "row_id BIGINT", *(
         f"{quote(slot)} {kind}{' USING COMPRESSION dictionary' if kind == 'VARCHAR' else ''}" for slot, kind in slots.items())])
     con.execute(f"CREATE TABLE main.{TABLE} ({declared})")
@@ -57,10 +58,10 @@ def fold_small_tables(con: duckdb.DuckDBPyConnection, names: list[str]) -> list[
         con.execute(f"CREATE VIEW main.{quote(name)} AS SELECT {select} FROM main.{TABLE} "
                     f"WHERE table_id = {number} ORDER BY row_id")
         if comment:
-            con.execute(f"COMMENT ON VIEW main.{quote(name)} IS {_literal(comment)}")
+            con.execute(f"COMMENT ON VIEW main.{quote(name)} IS {literal(comment)}")
         for column, _, text in columns[name]:
             if text:
-                con.execute(f"COMMENT ON COLUMN main.{quote(name)}.{quote(column)} IS {_literal(text)}")
+                con.execute(f"COMMENT ON COLUMN main.{quote(name)}.{quote(column)} IS {literal(text)}")
     users: dict[str, list[str]] = {slot: [] for slot in slots}
     for name in folded:
         for slot, (column, _, _) in zip(places[name], columns[name]):
@@ -69,8 +70,8 @@ def fold_small_tables(con: duckdb.DuckDBPyConnection, names: list[str]) -> list[
                 "row_id": "The row's position in its table: each view's order.",
                 **{slot: f"{kind} values of {', '.join(users[slot])}." for slot, kind in slots.items()}}
     for column, text in comments.items():
-        con.execute(f"COMMENT ON COLUMN main.{TABLE}.{quote(column)} IS {_literal(text)}")
-    con.execute(f"COMMENT ON TABLE main.{TABLE} IS " + _literal(
+        con.execute(f"COMMENT ON COLUMN main.{TABLE}.{quote(column)} IS {literal(text)}")
+    con.execute(f"COMMENT ON TABLE main.{TABLE} IS " + literal(
         f"The rows of the small tables ({', '.join(folded)}; at most {FOLD_ROWS:,} rows each), one row per row: "
         "the table's number, the row's position in it, and each column in a slot of its type; read them through "
         "the view named after each table."))
@@ -85,7 +86,3 @@ def _columns(con: duckdb.DuckDBPyConnection, table: str) -> list[tuple[str, str,
 
 def _slot(kind: str, i: int) -> str:
     return f"{re.sub(r'[^A-Za-z0-9]+', '_', kind)}_{i}"
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"

@@ -20,7 +20,7 @@ from itertrace.ingest.arrow_io import first_line
 from itertrace.ingest.kineto_json import looks_like_trace, split_trace
 from itertrace.ingest.loader import LoadContext
 from itertrace.ingest.normalize import SQL_FILES, normalized_tables, prefer_sort_based_joins, sql_text
-from itertrace.ingest.sqldoc import comment_statements, statements
+from itertrace.ingest.sqldoc import comment_statements, literal, statements
 
 SUFFIXES = (".json", ".json.gz")
 MAX_SOURCES = 32767  # source_no takes the top 16 bits of a global id, below the sign bit
@@ -165,7 +165,7 @@ def _sql() -> _Sql:
     own_creates = [s for s in own if _is_create_table(s)]
     own_tables = tuple(_code(s).split()[2] for s in own_creates)
     comments = [s for name in (*SQL_FILES, "kineto.sql") for s in comment_statements(sql_text(name))]
-    comments += [f"COMMENT ON TABLE {table} IS {_literal(note)}" for table, note in TABLE_NOTES.items()]
+    comments += [f"COMMENT ON TABLE {table} IS {literal(note)}" for table, note in TABLE_NOTES.items()]
     counts = " + ".join(f"(SELECT count(*) FROM {table})" for table in (*normalized_tables(), *own_tables))
     return _Sql(next_source="CREATE TEMP TABLE IF NOT EXISTS _kineto_files (source_no INTEGER, source VARCHAR, "
                             "meta JSON); SELECT count(*) + 1 FROM _kineto_files",
@@ -293,7 +293,3 @@ def _int(value: Any) -> int | None:
 
 def _text(value: Any) -> str | None:
     return None if value is None else str(value)
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"

@@ -21,6 +21,7 @@ from itertrace.ingest.arrow_io import TableStream, parquet_table
 from itertrace.ingest.loader import LoadContext, quote
 from itertrace.ingest.run_schema import (EXTRA_COLUMN_DOC, META_COLUMNS, META_DOC, REQUIRED_META, RUN_FORMAT,
                                          RUN_JSON, RUN_TABLES, RunTable)
+from itertrace.ingest.sqldoc import literal
 
 # Files by which a folder is recognised as a run directory, complete or not (the engine writes
 # `NAME.partial` and renames it when the run closes).
@@ -128,10 +129,10 @@ def _open(file: Path) -> TableStream:
 
 
 def _comment_table(ctx: LoadContext, spec: RunTable, schema: pa.Schema) -> None:
-    ctx.con.execute(f"COMMENT ON TABLE {quote(spec.table)} IS {_literal(spec.doc)}")
+    ctx.con.execute(f"COMMENT ON TABLE {quote(spec.table)} IS {literal(spec.doc)}")
     for name in schema.names:
         doc = spec.columns[name][1] if name in spec.columns else EXTRA_COLUMN_DOC.format(file=spec.file_name)
-        ctx.con.execute(f"COMMENT ON COLUMN {quote(spec.table)}.{quote(name)} IS {_literal(doc)}")
+        ctx.con.execute(f"COMMENT ON COLUMN {quote(spec.table)}.{quote(name)} IS {literal(doc)}")
 
 
 def _write_meta(ctx: LoadContext, run_dir: Path, meta: dict[str, Any], rows: dict[str, int]) -> None:
@@ -167,9 +168,9 @@ def _write_meta(ctx: LoadContext, run_dir: Path, meta: dict[str, Any], rows: dic
     ctx.con.execute(f"INSERT INTO run_meta VALUES ({', '.join('?' * len(META_COLUMNS))})",
                     [values[name] for name, _, _ in META_COLUMNS])
     ctx.rows_written += 1
-    ctx.con.execute(f"COMMENT ON TABLE run_meta IS {_literal(META_DOC)}")
+    ctx.con.execute(f"COMMENT ON TABLE run_meta IS {literal(META_DOC)}")
     for name, _, doc in META_COLUMNS:
-        ctx.con.execute(f"COMMENT ON COLUMN run_meta.{quote(name)} IS {_literal(doc)}")
+        ctx.con.execute(f"COMMENT ON COLUMN run_meta.{quote(name)} IS {literal(doc)}")
 
 
 def _text(value: Any) -> str | None:
@@ -178,7 +179,3 @@ def _text(value: Any) -> str | None:
 
 def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"

@@ -71,8 +71,8 @@ def comment_statements(sql: str) -> list[str]:
     """`COMMENT ON TABLE` and `COMMENT ON COLUMN` statements for every documented table of `sql`."""
     out: list[str] = []
     for doc in table_docs(sql):
-        out.append(f"COMMENT ON {doc.kind} {doc.table} IS {_literal(doc.text)}")
-        out.extend(f"COMMENT ON COLUMN {doc.table}.{name} IS {_literal(text)}" for name, text in doc.columns.items())
+        out.append(f"COMMENT ON {doc.kind} {doc.table} IS {literal(doc.text)}")
+        out.extend(f"COMMENT ON COLUMN {doc.table}.{name} IS {literal(text)}" for name, text in doc.columns.items())
     return out
 
 
@@ -80,5 +80,6 @@ def _has_code(part: str) -> bool:
     return any(line.strip() and not line.strip().startswith("--") for line in part.splitlines())
 
 
-def _literal(text: str) -> str:
+def literal(text: str) -> str:
+    """`text` as an SQL string literal."""
     return "'" + text.replace("'", "''") + "'"
