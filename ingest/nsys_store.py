@@ -4,9 +4,10 @@ DuckDB gives every table at least one block of its file, and writing a value cos
 it back, so nsys's tables are kept three ways:
 
 - **Held by a normalized table** (`HELD`: NVTX_EVENTS, CUPTI_ACTIVITY_KIND_RUNTIME, _KERNEL, _MEMCPY,
-  _MEMSET): the hidden table `nsys._<table>` keeps, per raw row, the id of the normalized row it became
-  and the columns that row does not hold; the view `nsys.<table>` joins them back into nsys's rows and
-  columns. Rows no normalized table holds (domain names, backtrace rows, ...) are kept whole there.
+  _MEMSET): the hidden table `nsys._<table>` keeps, per raw row, its position in the export and the
+  columns the normalized row it became does not hold; the view `nsys.<table>` joins them back by that
+  position (the normalized table's `export_row`) into nsys's rows and columns. Rows no normalized table
+  holds (domain names, backtrace rows, ...) are kept whole there.
 - **Small** (at most `SMALL_ROWS` rows, every column BIGINT, VARCHAR, DOUBLE or BOOLEAN: the ENUM
   tables, metadata, strings, thread names, OS runtime calls of a short capture): the rows of all of them
   share one table, `nsys._small_tables`, each column in a slot of its type (`i0`, `t0`, `d0`, `b0`, ...),
@@ -25,6 +26,7 @@ from itertrace.ingest.scan import ROW, Column, Sources
 SCHEMA = "nsys"
 SMALL_TABLE = "_small_tables"
 SMALL_ROWS = 100_000
+EXPORT_ROW = "_export_row"  # the hidden table's column of each raw row's position in the export
 LONG_TEXT = 16 << 10
 _SLOT_PREFIX = {"BIGINT": "i", "VARCHAR": "t", "DOUBLE": "d", "BOOLEAN": "b"}
 _UBIGINT_TO_BIGINT = "CASE WHEN {c} >= 9223372036854775808 THEN ({c}::HUGEINT - 18446744073709551616)::BIGINT ELSE {c}::BIGINT END"
@@ -40,9 +42,8 @@ _EXPORT_META_TABLES = ("EXPORT_META_DATA", "META_DATA_EXPORT")
 class Link:
     """How raw rows of one kind became rows of a normalized table, and which raw columns it holds."""
 
-    numbered: str  # SQL relation (_row, id): the raw rows the normalized table holds and their ids
-    table: str  # the normalized table
-    key: str  # its id column
+    held: str  # SQL over the raw row's columns ({name} in lower case): true for the rows the table holds
+    table: str  # the normalized table, whose `export_row` is the position of the raw row each row came from
     columns: dict[str, str]  # raw column, lower case -> its raw value as SQL over {n}, that normalized row
     rows: str | None = None  # which rows of the normalized table came from this raw table, where not all did
 
@@ -68,19 +69,18 @@ _GPU_BYTES = {**_GPU, "bytes": "{n}.bytes"}
 
 
 def _gpu_link(kind: str, columns: dict[str, str]) -> Link:
-    return Link(f"(SELECT _row, gpu_op_id AS id FROM _gpu_op_numbered WHERE kind = '{kind}')", "gpu_ops",
-                "gpu_op_id", columns, f"kind = '{kind}'")
+    return Link("true", "_gpu_op_rows", columns, f"kind = '{kind}'")
 
 
 HELD = (
     Held("NVTX_EVENTS", "_raw_nvtx", (
-        Link("(SELECT _row, range_id AS id FROM _nvtx_range_numbered)", "_nvtx_range_rows", "range_id",
+        Link("{eventtype} IN (59, 60, 70, 71)", "_nvtx_range_rows",  # as nvtx_ranges.sql
              {"start": "{n}.start_ns", "end": "{n}.end_ns", "endglobaltid": "{n}.end_global_tid", **_NVTX}),
-        Link("(SELECT _row, mark_id AS id FROM _nvtx_mark_numbered)", "_nvtx_mark_rows", "mark_id",
+        Link("{eventtype} = 34", "_nvtx_mark_rows",  # as nvtx_marks.sql
              {"start": "{n}.ts_ns", **_NVTX}),
     )),
     Held("CUPTI_ACTIVITY_KIND_RUNTIME", "_raw_runtime", (
-        Link("(SELECT _row, api_id AS id FROM _cuda_api_numbered)", "_cuda_api_rows", "api_id",
+        Link("{eventclass} IS DISTINCT FROM 67", "_cuda_api_rows",  # as cuda_api.sql
              {"start": "{n}.start_ns", "end": "{n}.end_ns", "eventclass": "{n}.event_class",
               "globaltid": "{n}.global_tid", "correlationid": "{n}.correlation_id",
               "returnvalue": "{n}.return_value"}),
@@ -145,9 +145,8 @@ def _store_held(ctx: LoadContext, sources: Sources, name: str, spec: Held) -> No
     """The hidden table of what the normalized tables do not hold, and the view that joins it back."""
     ctx.progress.phase(f"writing {name}")
     plan = _plan_held(ctx, sources, name, spec)
-    keys = [f"_{link.key}" for link in spec.links]
     hidden = f"_{name}"
-    select = [f"l{i}.id AS {quote(key)}" for i, key in enumerate(keys)]
+    select = [f"r.{ROW} AS {EXPORT_ROW}"]
     if plan.text_flag:
         select.append(f"r.{quote(plan.text_flag)} IS NULL AS _text_null")
     for column in sources.columns[name]:
@@ -156,29 +155,27 @@ def _store_held(ctx: LoadContext, sources: Sources, name: str, spec: Held) -> No
         holders = [i for i, names in enumerate(plan.derived) if column.name in names]
         value = f"r.{quote(column.name)}"
         if holders:
-            unheld = " AND ".join(f"l{i}.id IS NULL" for i in holders)
-            value = f"CASE WHEN {unheld} THEN {value} END"
+            held = " OR ".join(plan.held[i] for i in holders)
+            value = f"CASE WHEN NOT ({held}) THEN {value} END"
         select.append(f"{value} AS {quote(column.name)}")
-    # In the export's row order (DuckDB keeps the order of the probe side of each join, the raw rows).
-    joins = " ".join(f"LEFT JOIN {link.numbered} AS l{i} ON l{i}._row = r.{ROW}" for i, link in enumerate(spec.links))
     ctx.con.execute(f"CREATE TABLE {SCHEMA}.{quote(hidden)} AS SELECT {', '.join(select)} "
-                    f"FROM {sources.relations[name]} AS r {joins}")
+                    f"FROM {sources.relations[name]} AS r")
     view = []
     for column in sources.columns[name]:
-        cases = [f"WHEN x.{quote(keys[i])} IS NOT NULL THEN CAST({_held_value(link, column.name, plan, i)} AS {column.kind})"
+        cases = [f"WHEN n{i}.export_row IS NOT NULL THEN CAST({_held_value(link, column.name, plan, i)} AS {column.kind})"
                  for i, link in enumerate(spec.links) if column.name in plan.derived[i]]
         rest = f"x.{quote(column.name)}" if column.name in plan.kept else f"CAST(NULL AS {column.kind or 'VARCHAR'})"
         view.append(f"CASE {' '.join(cases)} ELSE {rest} END AS {quote(column.name)}" if cases else f"{rest} AS {quote(column.name)}")
-    joins = " ".join(f"LEFT JOIN main.{link.table} AS n{i} ON n{i}.{link.key} = x.{quote(keys[i])}"
+    joins = " ".join(f"LEFT JOIN {_held_rows(link)} AS n{i} ON n{i}.export_row = x.{EXPORT_ROW}"
                      for i, link in enumerate(spec.links))
     ctx.con.execute(f"CREATE VIEW {SCHEMA}.{quote(name)} AS SELECT {', '.join(view)} "
                     f"FROM {SCHEMA}.{quote(hidden)} AS x {joins}")
     held_by = " and ".join(sorted({link.table for link in spec.links}))
     _comment(ctx, "VIEW", name, _NOTE.format(name=name) + f"; a view: the columns {held_by} holds are read from there, "
              f"the others from {SCHEMA}.{hidden}.")
-    _comment(ctx, "TABLE", hidden, f"The columns of {SCHEMA}.{name} that {held_by} does not hold, with the id of the "
-             f"row each raw row became ({', '.join(keys)}; NULL for rows kept whole) and no column that would hold "
-             f"only NULLs; read it through the view {SCHEMA}.{name}.")
+    _comment(ctx, "TABLE", hidden, f"The columns of {SCHEMA}.{name} that {held_by} does not hold, with each raw row's "
+             f"position in the export ({EXPORT_ROW}: {held_by}'s export_row, where it holds the row) and no column "
+             f"that would hold only NULLs; read it through the view {SCHEMA}.{name}.")
     _count(ctx, sources.rows[name])
 
 
@@ -186,6 +183,7 @@ def _store_held(ctx: LoadContext, sources: Sources, name: str, spec: Held) -> No
 class _HeldPlan:
     """Which raw columns each link gives back, and which the hidden table keeps."""
 
+    held: list[str]  # per link, SQL over the raw row `r`: true where the link's table holds the row
     derived: list[list[str]]  # per link, the raw columns read back from its normalized table
     kept: set[str]  # raw columns the hidden table stores (for rows no link gives them back)
     text_flag: str | None  # the text column, where the hidden table must say which rows had no inline text
@@ -197,17 +195,23 @@ def _plan_held(ctx: LoadContext, sources: Sources, name: str, spec: Held) -> _He
     # A raw column is read back from a normalized table only if the normalized SQL read it with its own type.
     derived = [[c.name for c in columns if c.name.lower() in link.columns and adapter.get(c.name.lower()) == c.kind]
                for link in spec.links]
-    counts = ", ".join(["count(*)"] + [f"count({quote(c.name)})" for c in columns])
-    total, *present = ctx.con.execute(f"SELECT {counts} FROM {sources.relations[name]}").fetchone()
+    present_names = _RawNames({c.name.lower(): f"r.{quote(c.name)}" for c in columns})
+    held_sql = [f"coalesce({link.held.format_map(present_names)}, false)" for link in spec.links]
+    counts = ", ".join(["count(*)"] + [f"count({quote(c.name)})" for c in columns] + [f"count_if({h})" for h in held_sql])
+    total, *present = ctx.con.execute(f"SELECT {counts} FROM {sources.relations[name]} AS r").fetchone()
+    present, held_rows = present[:len(columns)], present[len(columns):]
     raw = dict(zip((c.name for c in columns), present))
     given = {c.name: 0 for c in columns}  # non-NULL values the links give back, per raw column
     for i, link in enumerate(spec.links):
         names = [c for c in derived[i] if c.lower() != "text"]
-        if names:
-            sums = ", ".join(f"count({link.columns[c.lower()].format(n='n', x='x')})" for c in names)
-            where = f" WHERE {link.rows}" if link.rows else ""
-            for column, n in zip(names, ctx.con.execute(f"SELECT {sums} FROM main.{link.table} AS n{where}").fetchone()):
-                given[column] += n
+        sums = ", ".join(["count(n.export_row)"] + [f"count({link.columns[c.lower()].format(n='n')})" for c in names])
+        where = f" WHERE {link.rows}" if link.rows else ""
+        rows, *found = ctx.con.execute(f"SELECT {sums} FROM main.{link.table} AS n{where}").fetchone()
+        if rows != held_rows[i]:  # the view would lose or double rows: a bug, never the export's fault
+            raise RuntimeError(f"{name}: {held_rows[i]:,} raw rows satisfy {link.held}, but {link.table} holds "
+                               f"{rows:,} of its rows")
+        for column, n in zip(names, found):
+            given[column] += n
     text = next((c for names in derived for c in names if c.lower() == "text"), None)
     text_flag = text if text is not None and 0 < raw[text] < total else None
     if text is not None and raw[text] == 0:  # no row had inline text: the registered strings are not raw text
@@ -215,7 +219,18 @@ def _plan_held(ctx: LoadContext, sources: Sources, name: str, spec: Held) -> _He
     held = {c for names in derived for c in names}
     # A column a link gives back is kept for the rows none does; text, whose rows the counts cannot tell, if any.
     kept = {c.name for c in columns if raw[c.name] > (0 if c.name not in held or c.name == text else given[c.name])}
-    return _HeldPlan(derived, kept, text_flag)
+    return _HeldPlan(held_sql, derived, kept, text_flag)
+
+
+class _RawNames(dict):
+    """Raw columns by lower-case name for `Link.held`; a column the export lacks reads as NULL."""
+
+    def __missing__(self, key: str) -> str:
+        return "NULL"
+
+
+def _held_rows(link: Link) -> str:
+    return f"main.{link.table}" if link.rows is None else f"(SELECT * FROM main.{link.table} WHERE {link.rows})"
 
 
 def _held_value(link: Link, column: str, plan: _HeldPlan, i: int) -> str:

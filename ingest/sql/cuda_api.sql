@@ -17,7 +17,10 @@ CREATE TABLE _cuda_api_rows (
   -- As cuda_api.correlation_id.
   correlation_id BIGINT,
   -- As cuda_api.return_value.
-  return_value BIGINT
+  return_value BIGINT,
+  -- Position of the raw row it came from in the export's CUPTI_ACTIVITY_KIND_RUNTIME (nsys.CUPTI_ACTIVITY_KIND_RUNTIME reads its values back from
+  -- here by it); NULL for rows from other sources.
+  export_row BIGINT
 );
 
 -- CUDA API calls: one row per runtime or driver API call nsys traced (CUPTI_ACTIVITY_KIND_RUNTIME),
@@ -70,7 +73,7 @@ SELECT
 FROM _cuda_api_rows AS a
 LEFT JOIN threads AS t ON t.global_tid = a.global_tid;
 
--- Every API call's api_id by raw row, numbered once over the sort keys alone; also read by nsys_store.
+-- Every API call's api_id by raw row, numbered once over the sort keys alone.
 CREATE OR REPLACE TEMP TABLE _cuda_api_numbered AS
 SELECT _row, row_number() OVER (ORDER BY start, globalTid, correlationId, _row) AS api_id
 FROM _raw_runtime
@@ -86,9 +89,9 @@ SELECT
   ec.label,
   r.globalTid,
   r.correlationId,
-  r.returnValue
+  r.returnValue,
+  r._row
 FROM _raw_runtime AS r
 JOIN _cuda_api_numbered AS n ON n._row = r._row
 LEFT JOIN _raw_strings AS s ON s.id = r.nameId
-LEFT JOIN _raw_enum_event_class AS ec ON ec.id = r.eventClass
-ORDER BY n.api_id;
+LEFT JOIN _raw_enum_event_class AS ec ON ec.id = r.eventClass;

@@ -1,41 +1,96 @@
--- GPU operations: one row per kernel, memcpy and memset CUPTI recorded, with names resolved.
-CREATE TABLE gpu_ops (
-  -- Id of the operation in this database: its position by start_ns, then kind, device, stream and correlation_id; stable across re-ingests.
+-- The stored columns of gpu_ops (dur_ns is computed by the view): read gpu_ops.
+CREATE TABLE _gpu_op_rows (
+  -- As gpu_ops.gpu_op_id.
   gpu_op_id BIGINT,
-  -- 'kernel', 'memcpy' or 'memset'.
+  -- As gpu_ops.kind.
   kind VARCHAR,
-  -- Start on the GPU, in ns since the capture session started.
+  -- As gpu_ops.start_ns.
   start_ns BIGINT,
-  -- End on the GPU, in ns since the session started.
+  -- As gpu_ops.end_ns.
   end_ns BIGINT,
-  -- end_ns - start_ns.
-  dur_ns BIGINT,
-  -- Kernel: its demangled name (StringIds via demangledName); memcpy: '[CUDA memcpy <copy kind>]'; memset: '[CUDA memset]'.
+  -- As gpu_ops.name.
   name VARCHAR,
-  -- Kernel: its short name (StringIds via shortName); NULL for other kinds.
+  -- As gpu_ops.short_name.
   short_name VARCHAR,
-  -- CUDA device id.
+  -- As gpu_ops.device_id.
   device_id BIGINT,
-  -- CUDA context id.
+  -- As gpu_ops.context_id.
   context_id BIGINT,
-  -- CUDA stream id.
+  -- As gpu_ops.stream_id.
   stream_id BIGINT,
-  -- CUPTI correlation id of the API call that launched it, within its process (cuda_api.correlation_id).
+  -- As gpu_ops.correlation_id.
   correlation_id BIGINT,
-  -- Global id of the launching process (processes.global_pid).
+  -- As gpu_ops.global_pid.
   global_pid BIGINT,
-  -- Operating-system process id of the launching process.
+  -- As gpu_ops.pid.
   pid BIGINT,
-  -- Bytes copied or set; NULL for kernels.
+  -- As gpu_ops.bytes.
   bytes BIGINT,
-  -- Memcpy direction, e.g. 'Host-to-Device' (ENUM_CUDA_MEMCPY_OPER label, else the raw copyKind); NULL for other kinds.
+  -- As gpu_ops.copy_kind.
   copy_kind VARCHAR,
-  -- Kernel launch type, e.g. 'Regular' (ENUM_CUDA_KERNEL_LAUNCH_TYPE, spelt ENUM_CUDA_KRENEL_LAUNCH_TYPE in nsys 2022); NULL for other kinds.
-  launch_type VARCHAR
+  -- As gpu_ops.launch_type.
+  launch_type VARCHAR,
+  -- Position of the raw row it came from in the export's CUPTI_ACTIVITY_KIND_KERNEL, _MEMCPY or _MEMSET
+  -- (by kind; nsys's tables read their values back from here by it); NULL for rows from other sources.
+  export_row BIGINT
 );
 
+-- GPU operations: one row per kernel, memcpy and memset CUPTI recorded, with names resolved.
+CREATE VIEW gpu_ops (
+  -- Id of the operation in this database: its position by start_ns, then kind, device, stream and correlation_id; stable across re-ingests.
+  gpu_op_id,
+  -- 'kernel', 'memcpy' or 'memset'.
+  kind,
+  -- Start on the GPU, in ns since the capture session started.
+  start_ns,
+  -- End on the GPU, in ns since the session started.
+  end_ns,
+  -- end_ns - start_ns.
+  dur_ns,
+  -- Kernel: its demangled name (StringIds via demangledName); memcpy: '[CUDA memcpy <copy kind>]'; memset: '[CUDA memset]'.
+  name,
+  -- Kernel: its short name (StringIds via shortName); NULL for other kinds.
+  short_name,
+  -- CUDA device id.
+  device_id,
+  -- CUDA context id.
+  context_id,
+  -- CUDA stream id.
+  stream_id,
+  -- CUPTI correlation id of the API call that launched it, within its process (cuda_api.correlation_id).
+  correlation_id,
+  -- Global id of the launching process (processes.global_pid).
+  global_pid,
+  -- Operating-system process id of the launching process.
+  pid,
+  -- Bytes copied or set; NULL for kernels.
+  bytes,
+  -- Memcpy direction, e.g. 'Host-to-Device' (ENUM_CUDA_MEMCPY_OPER label, else the raw copyKind); NULL for other kinds.
+  copy_kind,
+  -- Kernel launch type, e.g. 'Regular' (ENUM_CUDA_KERNEL_LAUNCH_TYPE, spelt ENUM_CUDA_KRENEL_LAUNCH_TYPE in nsys 2022); NULL for other kinds.
+  launch_type
+) AS
+SELECT
+  r.gpu_op_id,
+  r.kind,
+  r.start_ns,
+  r.end_ns,
+  r.end_ns - r.start_ns,
+  r.name,
+  r.short_name,
+  r.device_id,
+  r.context_id,
+  r.stream_id,
+  r.correlation_id,
+  r.global_pid,
+  r.pid,
+  r.bytes,
+  r.copy_kind,
+  r.launch_type
+FROM _gpu_op_rows AS r;
+
 -- Every GPU operation with its names resolved, by kind and raw row.
-CREATE OR REPLACE TEMP VIEW _gpu_op_rows AS
+CREATE OR REPLACE TEMP VIEW _gpu_op_sources AS
 WITH
   kernels AS (
     SELECT
@@ -66,7 +121,7 @@ UNION ALL SELECT * FROM copies
 UNION ALL SELECT * FROM sets;
 
 -- Every GPU operation's gpu_op_id by kind and raw row, numbered once over the sort keys alone (not
--- the names); also read by nsys_store.
+-- the names).
 CREATE OR REPLACE TEMP TABLE _gpu_op_numbered AS
 WITH
   ops AS (
@@ -77,13 +132,12 @@ WITH
 SELECT kind, _row, row_number() OVER (ORDER BY start, kind, deviceId, streamId, correlationId, _row) AS gpu_op_id
 FROM ops;
 
-INSERT INTO gpu_ops
+INSERT INTO _gpu_op_rows
 SELECT
   n.gpu_op_id,
   o.kind,
   o.start,
   o."end",
-  o."end" - o.start,
   o.name,
   o.short_name,
   o.deviceId,
@@ -94,7 +148,7 @@ SELECT
   (o.globalPid >> 24) & 16777215,
   o.bytes,
   o.copy_kind,
-  o.launch_type
-FROM _gpu_op_rows AS o
-JOIN _gpu_op_numbered AS n ON n.kind = o.kind AND n._row = o._row
-ORDER BY n.gpu_op_id;
+  o.launch_type,
+  o._row
+FROM _gpu_op_sources AS o
+JOIN _gpu_op_numbered AS n ON n.kind = o.kind AND n._row = o._row;

@@ -216,7 +216,7 @@ WITH
   )
 SELECT
   r.range_id, r.start_ns, r.end_ns, r.text, coalesce(d.domain_id, 0), NULL, NULL, r.global_tid, NULL,
-  r.int64_value, NULL, NULL, NULL, NULL, NULL, NULL, p.parent_range_id, p.depth
+  r.int64_value, NULL, NULL, NULL, NULL, NULL, NULL, p.parent_range_id, p.depth, NULL
 FROM ranges AS r
 JOIN parents AS p USING (range_id)
 LEFT JOIN nvtx_domains AS d ON d.global_pid = r.global_pid AND d.name = r.domain_name
@@ -225,7 +225,7 @@ ORDER BY r.range_id;
 INSERT INTO _nvtx_mark_rows
 SELECT
   row_number() OVER (ORDER BY m.start_ns, m.global_tid, m._row), m.start_ns, m.text,
-  coalesce(d.domain_id, 0), NULL, NULL, m.global_tid, m.int64_value, NULL, NULL, NULL, NULL, NULL, NULL
+  coalesce(d.domain_id, 0), NULL, NULL, m.global_tid, m.int64_value, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM _kineto_annotations AS m
 LEFT JOIN nvtx_domains AS d ON d.global_pid = m.global_pid AND d.name = m.domain_name
 WHERE m.is_mark
@@ -237,13 +237,13 @@ SELECT
   e.ts_ns, e.ts_ns + e.dur_ns, e.name,
   CASE WHEN e.cat IN ('cuda_driver', 'driver') THEN 1 ELSE 0 END,
   CASE WHEN e.cat IN ('cuda_driver', 'driver') THEN 'CUDA driver' ELSE 'CUDA runtime' END,
-  t.global_tid, e.correlation_id, NULL
+  t.global_tid, e.correlation_id, NULL, NULL
 FROM _kineto_events AS e
 JOIN _kineto_threads AS t USING (source_no, pid, tid)
 WHERE e.ph = 'X' AND e.cat IN ('cuda_runtime', 'runtime', 'cuda_driver', 'driver')
 ORDER BY 1;
 
-INSERT INTO gpu_ops
+INSERT INTO _gpu_op_rows
 WITH
   launchers AS (
     -- The process of the runtime call of each correlation id, per file.
@@ -272,13 +272,14 @@ WITH
   )
 SELECT
   row_number() OVER (ORDER BY ts_ns, kind, device_id, stream_id, correlation_id, _row),
-  kind, ts_ns, ts_ns + dur_ns, dur_ns, name, NULL, device_id, context_id, stream_id, correlation_id,
+  kind, ts_ns, ts_ns + dur_ns, name, NULL, device_id, context_id, stream_id, correlation_id,
   global_pid, launch_pid, bytes,
   CASE WHEN kind = 'memcpy' THEN  -- Kineto names a copy e.g. 'Memcpy HtoD (Pageable -> Device)'
     CASE regexp_extract(name, '\b([HDP]to[HDP])\b', 1)
       WHEN 'HtoD' THEN 'Host-to-Device' WHEN 'DtoH' THEN 'Device-to-Host' WHEN 'DtoD' THEN 'Device-to-Device'
       WHEN 'HtoH' THEN 'Host-to-Host' WHEN 'PtoP' THEN 'Peer-to-Peer' END
   END,
+  NULL,
   NULL
 FROM ops
 ORDER BY 1;

@@ -27,7 +27,10 @@ CREATE TABLE _nvtx_mark_rows (
   -- As nvtx_marks.float_value.
   float_value FLOAT,
   -- As nvtx_marks.json_text.
-  json_text VARCHAR
+  json_text VARCHAR,
+  -- Position of the raw row it came from in the export's NVTX_EVENTS (nsys.NVTX_EVENTS reads its values back from
+  -- here by it); NULL for rows from other sources.
+  export_row BIGINT
 );
 
 -- NVTX marks: one row per instantaneous marker (nvtxMark, eventType 34), resolved like nvtx_ranges.
@@ -101,7 +104,7 @@ LEFT JOIN nvtx_domains AS d ON d.global_pid = t.global_pid AND d.domain_id = m.d
 LEFT JOIN nvtx_categories AS c
   ON c.global_pid = t.global_pid AND c.domain_id = m.domain_id AND c.category_id = m.category_id;
 
--- Every mark with its mark_id; also read by nsys_store.
+-- Every mark with its mark_id.
 CREATE OR REPLACE TEMP TABLE _nvtx_mark_numbered AS
 SELECT _row, row_number() OVER (ORDER BY start, globalTid, _row) AS mark_id
 FROM _raw_nvtx
@@ -122,7 +125,8 @@ SELECT
   e.uint32_value,
   e.double_value,
   e.float_value,
-  e.json_text
+  e.json_text,
+  n._row
 FROM _nvtx_mark_numbered AS n
 JOIN _nvtx_events AS e ON e._row = n._row
 WHERE e.event_type = 34

@@ -35,7 +35,10 @@ CREATE TABLE _nvtx_range_rows (
   -- As nvtx_ranges.parent_range_id.
   parent_range_id BIGINT,
   -- As nvtx_ranges.depth.
-  depth INTEGER
+  depth INTEGER,
+  -- Position of the raw row it came from in the export's NVTX_EVENTS (nsys.NVTX_EVENTS reads its values back from
+  -- here by it); NULL for rows from other sources.
+  export_row BIGINT
 );
 
 -- NVTX ranges: one row per push/pop range (eventType 59) or start/end range (60; 70 and 71 are
@@ -135,8 +138,7 @@ LEFT JOIN nvtx_domains AS d ON d.global_pid = t.global_pid AND d.domain_id = r.d
 LEFT JOIN nvtx_categories AS c
   ON c.global_pid = t.global_pid AND c.domain_id = r.domain_id AND c.category_id = r.category_id;
 
--- Every range with its range_id and the columns the nesting needs (ingest/nesting.py); also read
--- by nsys_store, which keeps the raw columns nvtx_ranges does not hold beside the range_id.
+-- Every range with its range_id and the columns the nesting needs (ingest/nesting.py).
 CREATE OR REPLACE TEMP TABLE _nvtx_range_numbered AS
 WITH
   trace_end AS (
@@ -178,7 +180,8 @@ SELECT
   e.float_value,
   e.json_text,
   n.parent_range_id,
-  n.depth
+  n.depth,
+  e._row
 FROM _nvtx_events AS e
 JOIN (
   -- Depth and parent of every push/pop range, computed by ingest/nesting.py from _nvtx_range_numbered.
