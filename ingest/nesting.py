@@ -20,6 +20,7 @@ from __future__ import annotations
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from itertrace.ingest.scan import from_numpy
 
@@ -65,10 +66,7 @@ def _nest_in_pieces(con: duckdb.DuckDBPyConnection, tid: int) -> None:
     the nesting of this one: it adds one to each range's position and one to the closes before it, which
     cancel, and a parent is always still open. So only the ranges still open after a piece's last open
     are carried into the next (about as many as its depth there), computed again with it, and dropped."""
-    cuts = [row[0] for row in con.execute(
-        "SELECT range_id FROM (SELECT range_id, row_number() OVER (ORDER BY range_id) - 1 AS i "
-        "FROM _nvtx_range_numbered WHERE is_push_pop AND global_tid = ?) WHERE i % ? = 0 ORDER BY 1",
-        [tid, CHUNK_RANGES]).fetchall()]
+    cuts = cut_points(con, "range_id", "_nvtx_range_numbered WHERE is_push_pop AND global_tid = ?", [tid])
     carried = None
     for lo, hi in zip(cuts, [*cuts[1:], None]):
         piece = _fetch(con, "global_tid = ? AND range_id >= ?" + ("" if hi is None else " AND range_id < ?"),
@@ -78,6 +76,16 @@ def _nest_in_pieces(con: duckdb.DuckDBPyConnection, tid: int) -> None:
         start, end = _ints(ranges, "start_ns"), _ints(ranges, "end_eff")
         closes = 2 * end + 2 * (end == start)  # the keys of _depths
         carried = ranges.filter(from_numpy(closes > 2 * start.max() + 1))
+
+
+def cut_points(con: duckdb.DuckDBPyConnection, column: str, rows: str, params: list) -> list:
+    """The least value of `column` over `rows` (SQL after FROM), then values that split them into pieces of
+    at most about `CHUNK_RANGES` rows each: quantiles, which DuckDB finds without a sort."""
+    n = con.execute(f"SELECT count(*) FROM {rows}", params).fetchall()[0][0]
+    pieces = -(-n // CHUNK_RANGES)
+    fractions = ", ".join(str(i / pieces) for i in range(pieces))
+    cuts = con.execute(f"SELECT quantile_disc({column}, [{fractions}]) FROM {rows}", params).fetchall()[0][0]
+    return sorted(set(cuts or []))
 
 
 def _fetch(con: duckdb.DuckDBPyConnection, where: str, params: list) -> pa.Table:
@@ -102,7 +110,8 @@ def _ints(table: pa.Table, name: str) -> np.ndarray:
 
 def _nest(ranges: pa.Table) -> pa.Table:
     """(_row, range_id, depth, parent_range_id) of `ranges` (whole threads), in their stack order."""
-    order, thread = _stack_order(_ints(ranges, "range_id"), _ints(ranges, "global_tid"))
+    threads = np.sort(pc.unique(ranges.column("global_tid").cast(pa.int64())).to_numpy())  # hashed: no sort of all
+    order, thread = _stack_order(_ints(ranges, "range_id"), _ints(ranges, "global_tid"), threads)
     end = _ints(ranges, "end_eff")[order]
     depth = _depths(thread, _ints(ranges, "start_ns")[order], end)
     parent_at = _parents(thread, depth, end)
@@ -114,10 +123,11 @@ def _nest(ranges: pa.Table) -> pa.Table:
     return pa.Table.from_arrays([row, from_numpy(range_id), from_numpy(depth.astype(np.int32)), parent], schema=_SCHEMA)
 
 
-def _stack_order(range_id: np.ndarray, global_tid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The ranges' order by thread, then range_id; and each one's thread as an index 0, 1, ... in that order."""
-    order = np.argsort(range_id)
-    threads = np.unique(global_tid)
+def _stack_order(range_id: np.ndarray, global_tid: np.ndarray,
+                 threads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ranges' order by thread, then range_id; and each one's thread as an index 0, 1, ... into
+    `threads` (their distinct global_tids, sorted), in that order."""
+    order = np.argsort(range_id, kind="stable")  # stored nearly in range_id order, which timsort takes in one pass
     thread = np.searchsorted(threads, global_tid[order])
     if len(threads) <= np.iinfo(np.uint16).max:
         thread = thread.astype(np.uint16)  # numpy sorts 16-bit keys by radix, in linear time
@@ -143,7 +153,7 @@ def _depths(thread: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarra
         closes += offset
         opens += offset
         del offset
-        closes.sort()
+        closes.sort(kind="stable")  # runs of a thread's closes, nearly in order: timsort merges them
         closed = np.searchsorted(closes, opens)
     else:  # keys too far apart to offset: one thread at a time
         closed = np.empty(len(opens), dtype=np.int64)
@@ -159,14 +169,14 @@ def _parents(thread: np.ndarray, depth: np.ndarray, end: np.ndarray) -> np.ndarr
 
     The candidate is the last range before it, in the stack order, one level up: a binary search among
     the ranges sorted by depth, then position. It is its parent if it is on the same thread (anything
-    between them in the stack order is, too) and ends no earlier."""
+    between them in the stack order is, too) and ends no earlier. The ranges are looked up in that same
+    order (each key one level down is sorted too), which keeps the search in cache."""
     small = depth.max() <= np.iinfo(np.int16).max
-    keys = np.argsort(depth.astype(np.int16) if small else depth, kind="stable")
-    keys += depth[keys] << _POSITION_BITS
-    wanted = (depth - 1) << _POSITION_BITS
-    wanted += np.arange(len(depth), dtype=np.int64)
-    found = np.searchsorted(keys, wanted)
-    del wanted
+    by_depth = np.argsort(depth.astype(np.int16) if small else depth, kind="stable")
+    keys = by_depth + (depth[by_depth] << _POSITION_BITS)
+    found = np.empty(len(depth), dtype=np.int64)
+    found[by_depth] = np.searchsorted(keys, keys - (1 << _POSITION_BITS))
+    del by_depth
     found -= 1
     ok = (found >= 0) & (depth >= 1)
     at = keys[np.maximum(found, 0, out=found)]

@@ -51,7 +51,7 @@ def create_walked_projection(con: duckdb.DuckDBPyConnection) -> None:
                 "end_global_tid IS NULL OR end_global_tid = global_tid AS projected FROM _nvtx_range_rows "
                 "WHERE depth IS NOT NULL AND global_tid BETWEEN $first AND $last "
                 "AND global_tid IN (SELECT global_tid FROM _nvtx_walk_threads) "
-                "AND start_ns < $hi AND coalesce(end_ns, $ts) >= $lo ORDER BY global_tid, range_id",
+                "AND start_ns < $hi AND coalesce(end_ns, $ts) >= $lo",
                 {"ts": ts, "first": first, "last": last, "lo": lo, "hi": hi}).fetchnumpy()
             calls = con.execute(
                 "SELECT global_tid, start_ns, end_ns, gpu_start_ns, gpu_end_ns, gpu_ops FROM _gpu_launches "
@@ -75,10 +75,7 @@ def _slices(con: duckdb.DuckDBPyConnection, tid: int, ranges: int) -> list[tuple
     lowest, highest = -(2**63), 2**63 - 1
     if ranges <= nesting.CHUNK_RANGES:
         return [(lowest, highest)]
-    cuts = [row[0] for row in con.execute(
-        "SELECT DISTINCT start_ns FROM (SELECT start_ns, row_number() OVER (ORDER BY range_id) - 1 AS i "
-        "FROM _nvtx_range_rows WHERE depth IS NOT NULL AND global_tid = ?) WHERE i % ? = 0 AND i > 0 ORDER BY 1",
-        [tid, nesting.CHUNK_RANGES]).fetchall()]
+    cuts = nesting.cut_points(con, "start_ns", "_nvtx_range_rows WHERE depth IS NOT NULL AND global_tid = ?", [tid])[1:]
     bounds = [lowest, *cuts, highest]
     return list(zip(bounds[:-1], bounds[1:]))
 
@@ -86,13 +83,18 @@ def _slices(con: duckdb.DuckDBPyConnection, tid: int, ranges: int) -> list[tuple
 def walk(ranges: dict[str, np.ndarray], calls: dict[str, np.ndarray]) -> pa.Table:
     """Per range, the launches in `calls` that lie inside it, summed (`_SCHEMA`).
 
-    `ranges` holds whole threads' push/pop ranges sorted by (global_tid, range_id), each with its parent's
-    range_id (NULL at top level), and `projected` False for a range that no launch may be counted in
-    (it ended on another thread) but that is still walked through."""
-    tid, start, end = (np.asarray(ranges[k], dtype=np.int64) for k in ("global_tid", "start_ns", "end_eff"))
+    `ranges` holds whole threads' push/pop ranges in any order, each with its parent's range_id (NULL at
+    top level), and `projected` False for a range that no launch may be counted in (it ended on another
+    thread) but that is still walked through."""
     range_id = np.asarray(ranges["range_id"], dtype=np.int64)
-    parent = _positions(range_id, ranges["parent_range_id"])
-    projected = np.asarray(ranges["projected"], dtype=bool)
+    # By thread, then range_id; stored nearly in range_id order, which a stable sort takes quickly.
+    order = np.argsort(range_id, kind="stable")
+    order = order[np.argsort(np.asarray(ranges["global_tid"], dtype=np.int64)[order], kind="stable")]
+    range_id = range_id[order]
+    tid, start, end = (np.asarray(ranges[k], dtype=np.int64)[order] for k in ("global_tid", "start_ns", "end_eff"))
+    parent = _positions(range_id, np.ma.asarray(ranges["parent_range_id"])[order])
+    projected = np.asarray(ranges["projected"], dtype=bool)[order]
+    del order
     c_tid, c_start, c_end = (np.asarray(calls[k], dtype=np.int64) for k in ("global_tid", "start_ns", "end_ns"))
     at = _last_opened(tid, start, c_tid, c_start)
     call = np.flatnonzero(at >= 0)
@@ -110,13 +112,14 @@ def walk(ranges: dict[str, np.ndarray], calls: dict[str, np.ndarray]) -> pa.Tabl
     return _sums(range_id, hit_range, hit_call, calls)
 
 
-def _positions(range_id: np.ndarray, parent: np.ndarray) -> np.ndarray:
-    """Each parent as a position in `range_id` (sorted within each thread, ids unique), -1 for none."""
-    parent = np.ma.asarray(parent)
+def _positions(range_id: np.ndarray, parent: np.ma.MaskedArray) -> np.ndarray:
+    """Each parent as a position in `range_id` (unique ids), -1 for none."""
     missing = np.ma.getmaskarray(parent)
     ids = np.asarray(parent.filled(0), dtype=np.int64)
-    order = np.argsort(range_id, kind="stable")
-    found = order[np.minimum(np.searchsorted(range_id, ids, sorter=order), len(range_id) - 1)] if len(range_id) else ids
+    if not len(range_id):
+        return np.full(len(ids), -1, dtype=np.int64)
+    order = np.argsort(range_id, kind="stable")  # threads apart, each sorted: a stable sort merges them quickly
+    found = order[np.minimum(np.searchsorted(range_id[order], ids), len(range_id) - 1)]
     return np.where(missing, -1, found)
 
 
