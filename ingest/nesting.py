@@ -1,4 +1,4 @@
-"""The push/pop nesting of NVTX ranges (depth and parent), computed with numpy from `_nvtx_range_numbered`.
+"""NVTX ranges' ids and push/pop nesting (depth and parent), computed with numpy from `_raw_nvtx`.
 
 A range's depth is the number of ranges open on its thread when it opens: the ranges opened before it
 there (those of smaller range_id, which orders a thread's ranges as a stack opens them) less those
@@ -13,7 +13,10 @@ DuckDB did this as a window over both boundaries of every range and an ASOF join
 sorted 12M rows past the ingest's 512MB memory limit and spilled (17.8 s of CPU against 5.3 s here, one
 run of each on the same ranges, identical results). Every step here is a sort or a binary search over
 int64 arrays, reused in place where it can be: on those ranges (two threads of ~3M) numpy held at most
-267 MB (tracemalloc, one run), beside what DuckDB holds within its limit.
+267 MB (tracemalloc, one run), beside what DuckDB holds within its limit. The range ids were a DuckDB
+window over every range (2.3-2.6 s on those ranges); numbered here by a sort per piece of them, they
+come out the same, and the numbering and nesting together took 3.5-4.6 s instead of 5-5.5 (in process,
+one run of each).
 """
 from __future__ import annotations
 
@@ -25,27 +28,80 @@ import pyarrow.compute as pc
 from itertrace.ingest.scan import from_numpy
 
 _POSITION_BITS = 40  # a range's position among all ranges: up to 2**40 ranges
-CHUNK_RANGES = 1_000_000  # ranges whose nesting is computed at once
+CHUNK_RANGES = 1_000_000  # ranges numbered and nested at once
+RANGE_EVENTS = "eventType IN (59, 60, 70, 71)"  # push/pop, start/end and their NVTXT twins, as nvtx_ranges.sql
 _SCHEMA = pa.schema([("_row", pa.int64()), ("range_id", pa.int64()), ("depth", pa.int32()),
                      ("parent_range_id", pa.int64())])
 
 
-def create_push_pop_nesting(con: duckdb.DuckDBPyConnection) -> None:
-    """The temp table `_nvtx_push_pop_nesting`: (_row, range_id, depth, parent_range_id) of every push/pop
-    range in `_nvtx_range_numbered`.
+def create_range_nesting(con: duckdb.DuckDBPyConnection) -> None:
+    """The temp table `_nvtx_range_nesting`: (_row, range_id, depth, parent_range_id) of every NVTX range
+    in `_raw_nvtx` (depth and parent NULL for start/end ranges).
 
-    Threads are independent: they are taken in groups of at most `CHUNK_RANGES` ranges, and a thread with
-    more in pieces of `CHUNK_RANGES` (`_nest_in_pieces`); each group's or piece's rows go into DuckDB,
-    within its memory limit, before the next: that bounds the memory the arrays take beside DuckDB's own."""
-    con.execute("CREATE OR REPLACE TEMP TABLE _nvtx_push_pop_nesting "
+    range_id is each range's position by (start, global_tid, effective end descending, raw row), from 1;
+    the ranges are taken in pieces of about `CHUNK_RANGES` by start (quantiles, `cut_points`), so that a
+    piece's ids follow the last piece's, sorted here. The nesting of a piece's push/pop ranges is computed
+    with the ranges of earlier pieces still open on their threads (`_carried`), and each piece's rows go
+    into DuckDB, within its memory limit, before the next: that bounds the memory the arrays take."""
+    con.execute("CREATE OR REPLACE TEMP TABLE _nvtx_range_nesting "
                 "(_row BIGINT, range_id BIGINT, depth INTEGER, parent_range_id BIGINT)")
-    counts = con.execute("SELECT global_tid, count(*) FROM _nvtx_range_numbered WHERE is_push_pop "
-                         "GROUP BY ALL ORDER BY global_tid").fetchall()
-    for first, last, n in thread_groups(counts, CHUNK_RANGES):
-        if n > CHUNK_RANGES:
-            _nest_in_pieces(con, first)
-        else:
-            _insert(con, _nest(_fetch(con, "global_tid BETWEEN ? AND ?", [first, last])))
+    ts = con.execute('SELECT coalesce(max(greatest(start, coalesce("end", start))), 0) FROM _raw_nvtx').fetchall()[0][0]
+    cuts = cut_points(con, "start", f"_raw_nvtx WHERE {RANGE_EVENTS}", [])[1:]
+    spans = [f"start < {cuts[0]}"] if cuts else ["true"]
+    spans += [f"start >= {lo} AND start < {hi}" for lo, hi in zip(cuts, cuts[1:])]
+    spans += [f"start >= {cuts[-1]} OR start IS NULL"] if cuts else []  # NULL sorts last, as in SQL
+    next_id, carried = 1, None
+    for span in spans:
+        piece = con.sql(
+            "SELECT _row, coalesce(globalTid, 0) AS global_tid, coalesce(start, 0) AS start_ns, "
+            "coalesce(greatest(coalesce(\"end\", $ts), start), 0) AS end_eff, (start IS NULL)::BIGINT AS start_null, "
+            "(globalTid IS NULL)::BIGINT AS tid_null, (eventType IN (59, 70) AND start IS NOT NULL AND globalTid IS NOT NULL)::BIGINT "
+            f"AS nested FROM _raw_nvtx WHERE ({RANGE_EVENTS}) AND ({span})", params={"ts": ts}).to_arrow_table()
+        carried = _number_and_nest(con, piece, next_id, carried)
+        next_id += piece.num_rows
+
+
+def _number_and_nest(con: duckdb.DuckDBPyConnection, piece: pa.Table, first_id: int,
+                     carried: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    """Number one piece's ranges from `first_id`, nest its push/pop ranges after the `carried` ones of
+    earlier pieces, and insert its rows; returns the push/pop ranges to carry into the next piece."""
+    row, tid, start, end = (_ints(piece, name) for name in ("_row", "global_tid", "start_ns", "end_eff"))
+    order = np.lexsort((row, -end, tid, _bools(piece, "tid_null"), start, _bools(piece, "start_null")))
+    range_id = np.empty(len(order), dtype=np.int64)
+    range_id[order] = np.arange(first_id, first_id + len(order), dtype=np.int64)
+    del order, row
+    nested = _bools(piece, "nested")
+    ranges = {"range_id": range_id[nested], "tid": tid[nested], "start": start[nested], "end": end[nested]}
+    del tid, start, end
+    if carried is not None:
+        ranges = {key: np.concatenate([carried[key], values]) for key, values in ranges.items()}
+    if not len(ranges["range_id"]):
+        depth_of, parent_of = np.empty(0, dtype=np.int32), np.empty(0, dtype=np.int64)
+    else:
+        depth_of, parent_of = _nest(ranges)
+    mine = len(ranges["range_id"]) - int(nested.sum())  # the carried ranges come first
+    depth = np.zeros(piece.num_rows, dtype=np.int32)
+    depth[nested] = depth_of[mine:]
+    parent = np.full(piece.num_rows, -1, dtype=np.int64)
+    parent[nested] = parent_of[mine:]
+    _insert(con, pa.Table.from_arrays([piece.column("_row"), from_numpy(range_id), from_numpy(depth, ~nested),
+                                       from_numpy(parent, parent < 0)], schema=_SCHEMA))
+    return _carried(ranges)
+
+
+def _carried(ranges: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The ranges still open after the last open on their thread.
+
+    A range that closed before its thread's last open so far plays no part in the nesting of that
+    thread's later ranges: it adds one to each one's position and one to the closes before it, which
+    cancel, and a parent is always still open. So only the others are carried into the next piece (about
+    as many per thread as its depth there), computed again with it, and dropped."""
+    threads, thread = np.unique(ranges["tid"], return_inverse=True)
+    last = np.full(len(threads), np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(last, thread, ranges["start"])
+    start, end = ranges["start"], ranges["end"]
+    keep = 2 * end + 2 * (end == start) > 2 * last[thread] + 1  # the keys of _depths
+    return {key: values[keep] for key, values in ranges.items()}
 
 
 def thread_groups(counts: list[tuple[int, int]], budget: int) -> list[tuple[int, int, int]]:
@@ -59,25 +115,6 @@ def thread_groups(counts: list[tuple[int, int]], budget: int) -> list[tuple[int,
     return groups
 
 
-def _nest_in_pieces(con: duckdb.DuckDBPyConnection, tid: int) -> None:
-    """One thread's nesting, `CHUNK_RANGES` ranges at a time in its stack order (range_id).
-
-    A range of an earlier piece that closed before the last open of the piece before plays no part in
-    the nesting of this one: it adds one to each range's position and one to the closes before it, which
-    cancel, and a parent is always still open. So only the ranges still open after a piece's last open
-    are carried into the next (about as many as its depth there), computed again with it, and dropped."""
-    cuts = cut_points(con, "range_id", "_nvtx_range_numbered WHERE is_push_pop AND global_tid = ?", [tid])
-    carried = None
-    for lo, hi in zip(cuts, [*cuts[1:], None]):
-        piece = _fetch(con, "global_tid = ? AND range_id >= ?" + ("" if hi is None else " AND range_id < ?"),
-                       [tid, lo] + ([] if hi is None else [hi]))
-        ranges = piece if carried is None else pa.concat_tables([carried, piece])
-        _insert(con, _nest(ranges).slice(ranges.num_rows - piece.num_rows))  # carried ranges come first
-        start, end = _ints(ranges, "start_ns"), _ints(ranges, "end_eff")
-        closes = 2 * end + 2 * (end == start)  # the keys of _depths
-        carried = ranges.filter(from_numpy(closes > 2 * start.max() + 1))
-
-
 def cut_points(con: duckdb.DuckDBPyConnection, column: str, rows: str, params: list) -> list:
     """The least value of `column` over `rows` (SQL after FROM), then values that split them into pieces of
     at most about `CHUNK_RANGES` rows each: quantiles, which DuckDB finds without a sort."""
@@ -88,17 +125,15 @@ def cut_points(con: duckdb.DuckDBPyConnection, column: str, rows: str, params: l
     return sorted(set(cuts or []))
 
 
-def _fetch(con: duckdb.DuckDBPyConnection, where: str, params: list) -> pa.Table:
-    return con.sql("SELECT _row, range_id, global_tid, start_ns, end_eff FROM _nvtx_range_numbered "
-                   f"WHERE is_push_pop AND {where}", params=params).to_arrow_table()
-
-
 def _insert(con: duckdb.DuckDBPyConnection, part: pa.Table) -> None:
-    con.register("_nvtx_nesting_part", part)
-    try:
-        con.execute("INSERT INTO _nvtx_push_pop_nesting SELECT * FROM _nvtx_nesting_part")
-    finally:
-        con.unregister("_nvtx_nesting_part")
+    # Read through a relation, not a registered view: the ingest's one transaction would keep an
+    # unregistered view, and with it the Arrow table, until it commits.
+    con.from_arrow(part).insert_into("_nvtx_range_nesting")
+
+
+def _bools(table: pa.Table, name: str) -> np.ndarray:
+    """A column of 0s and 1s without NULLs as numpy booleans."""
+    return _ints(table, name).astype(bool)
 
 
 def _ints(table: pa.Table, name: str) -> np.ndarray:
@@ -108,19 +143,22 @@ def _ints(table: pa.Table, name: str) -> np.ndarray:
     return np.concatenate(chunks) if chunks else np.empty(0, dtype=np.int64)
 
 
-def _nest(ranges: pa.Table) -> pa.Table:
-    """(_row, range_id, depth, parent_range_id) of `ranges` (whole threads), in their stack order."""
-    threads = np.sort(pc.unique(ranges.column("global_tid").cast(pa.int64())).to_numpy())  # hashed: no sort of all
-    order, thread = _stack_order(_ints(ranges, "range_id"), _ints(ranges, "global_tid"), threads)
-    end = _ints(ranges, "end_eff")[order]
-    depth = _depths(thread, _ints(ranges, "start_ns")[order], end)
+def _nest(ranges: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(depth, parent range_id or -1) of push/pop `ranges` (range_id, tid, start, end: whole threads, or
+    their ranges from the last still open on), in their order."""
+    threads = np.sort(pc.unique(from_numpy(ranges["tid"])).to_numpy())  # hashed: no sort of all the ranges
+    order, thread = _stack_order(ranges["range_id"], ranges["tid"], threads)
+    end = ranges["end"][order]
+    depth = _depths(thread, ranges["start"][order], end)
     parent_at = _parents(thread, depth, end)
     del thread, end
-    range_id = _ints(ranges, "range_id")[order]
-    parent = from_numpy(range_id[np.maximum(parent_at, 0)], parent_at < 0)
-    del parent_at
-    row = ranges.column("_row").take(from_numpy(order))
-    return pa.Table.from_arrays([row, from_numpy(range_id), from_numpy(depth.astype(np.int32)), parent], schema=_SCHEMA)
+    range_id = ranges["range_id"][order]
+    parent = np.where(parent_at >= 0, range_id[np.maximum(parent_at, 0)], -1)
+    del parent_at, range_id
+    depth_of, parent_of = np.empty(len(order), dtype=np.int32), np.empty(len(order), dtype=np.int64)
+    depth_of[order] = depth
+    parent_of[order] = parent
+    return depth_of, parent_of
 
 
 def _stack_order(range_id: np.ndarray, global_tid: np.ndarray,

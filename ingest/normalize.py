@@ -6,7 +6,7 @@ from importlib import resources
 import duckdb
 
 from itertrace.ingest.adapters import create_raw_views, create_raw_views_over
-from itertrace.ingest.nesting import create_push_pop_nesting
+from itertrace.ingest.nesting import create_range_nesting
 from itertrace.ingest.progress import Progress
 from itertrace.ingest.projection import create_walked_projection
 from itertrace.ingest.sqldoc import comment_statements, statements, table_docs
@@ -24,7 +24,7 @@ SQL_FILES = (
     "nvtx_gpu_projection.sql",
 )
 # Temp tables the SQL reads that Python makes, each just before the first statement that names it.
-PYTHON_TABLES = {"_nvtx_push_pop_nesting": create_push_pop_nesting,
+PYTHON_TABLES = {"_nvtx_range_nesting": create_range_nesting,
                  "_nvtx_projection_walked": create_walked_projection}
 
 

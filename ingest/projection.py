@@ -58,12 +58,7 @@ def create_walked_projection(con: duckdb.DuckDBPyConnection) -> None:
                 "WHERE end_ns > start_ns AND global_tid BETWEEN $first AND $last AND start_ns >= $lo "
                 "AND start_ns < $hi AND global_tid IN (SELECT global_tid FROM _nvtx_walk_threads)",
                 {"first": first, "last": last, "lo": lo, "hi": hi}).fetchnumpy()
-            part = walk(ranges, calls)
-            con.register("_nvtx_projection_part", part)
-            try:
-                con.execute("INSERT INTO _nvtx_projection_walked SELECT * FROM _nvtx_projection_part")
-            finally:
-                con.unregister("_nvtx_projection_part")
+            con.from_arrow(walk(ranges, calls)).insert_into("_nvtx_projection_walked")  # not a view: see nesting._insert
 
 
 def _slices(con: duckdb.DuckDBPyConnection, tid: int, ranges: int) -> list[tuple[int, int]]:

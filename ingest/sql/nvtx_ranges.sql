@@ -138,27 +138,6 @@ LEFT JOIN nvtx_domains AS d ON d.global_pid = t.global_pid AND d.domain_id = r.d
 LEFT JOIN nvtx_categories AS c
   ON c.global_pid = t.global_pid AND c.domain_id = r.domain_id AND c.category_id = r.category_id;
 
--- Every range with its range_id and the columns the nesting needs (ingest/nesting.py).
-CREATE OR REPLACE TEMP TABLE _nvtx_range_numbered AS
-WITH
-  trace_end AS (
-    -- The last NVTX timestamp: a range still open when the capture stopped is taken to end here.
-    SELECT coalesce(max(greatest(start, coalesce("end", start))), 0) AS ts
-    FROM _raw_nvtx
-  ),
-  ranges AS (
-    SELECT
-      _row,
-      globalTid AS global_tid,
-      start AS start_ns,
-      greatest(coalesce("end", (SELECT ts FROM trace_end)), start) AS end_eff,
-      eventType IN (59, 70) AS is_push_pop
-    FROM _raw_nvtx
-    WHERE eventType IN (59, 60, 70, 71)
-  )
-SELECT *, row_number() OVER (ORDER BY start_ns, global_tid, end_eff DESC, _row) AS range_id
-FROM ranges;
-
 -- In the export's row order, which for nsys's exports (sorted by start) is close to range_id order:
 -- sorting a table this wide would cost more than building it.
 INSERT INTO _nvtx_range_rows
@@ -183,9 +162,5 @@ SELECT
   n.depth,
   e._row
 FROM _nvtx_events AS e
-JOIN (
-  -- Depth and parent of every push/pop range, computed by ingest/nesting.py from _nvtx_range_numbered.
-  SELECT _row, range_id, depth, parent_range_id FROM _nvtx_push_pop_nesting
-  UNION ALL
-  SELECT _row, range_id, NULL, NULL FROM _nvtx_range_numbered WHERE NOT is_push_pop
-) AS n ON n._row = e._row;
+-- Every range's range_id, and the depth and parent of every push/pop range: ingest/nesting.py.
+JOIN _nvtx_range_nesting AS n ON n._row = e._row;
