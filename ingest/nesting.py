@@ -66,7 +66,7 @@ def _number_and_nest(con: duckdb.DuckDBPyConnection, piece: pa.Table, first_id: 
     """Number one piece's ranges from `first_id`, nest its push/pop ranges after the `carried` ones of
     earlier pieces, and insert its rows; returns the push/pop ranges to carry into the next piece."""
     row, tid, start, end = (_ints(piece, name) for name in ("_row", "global_tid", "start_ns", "end_eff"))
-    order = np.lexsort((row, -end, tid, _bools(piece, "tid_null"), start, _bools(piece, "start_null")))
+    order = _range_order(row, tid, start, end, _bools(piece, "tid_null"), _bools(piece, "start_null"))
     range_id = np.empty(len(order), dtype=np.int64)
     range_id[order] = np.arange(first_id, first_id + len(order), dtype=np.int64)
     del order, row
@@ -89,6 +89,29 @@ def _number_and_nest(con: duckdb.DuckDBPyConnection, piece: pa.Table, first_id: 
     return _carried(ranges)
 
 
+def _range_order(row: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.ndarray, tid_null: np.ndarray,
+                 start_null: np.ndarray) -> np.ndarray:
+    """The ranges' order by (start, global_tid, end descending, raw row), NULLs last as in SQL.
+
+    nsys writes ranges sorted by start, and few share a start: a stable sort by start alone (timsort,
+    one pass over sorted keys) and a sort by all the keys of the ranges that tie on it cost a fraction of
+    a sort by all the keys."""
+    if start_null.any() or tid_null.any():
+        return np.lexsort((row, -end, tid, tid_null, start, start_null))
+    order = np.argsort(start, kind="stable")
+    ties = start[order[1:]] == start[order[:-1]]
+    if not ties.any():
+        return order
+    tied = np.zeros(len(order), dtype=bool)
+    tied[1:] |= ties
+    tied[:-1] |= ties
+    at = np.flatnonzero(tied)
+    group = np.cumsum(np.r_[True, ~ties])[at]  # equal starts share a group, in start order
+    which = order[at]
+    order[at] = which[np.lexsort((row[which], -end[which], tid[which], group))]
+    return order
+
+
 def _carried(ranges: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The ranges still open after the last open on their thread.
 
@@ -96,7 +119,8 @@ def _carried(ranges: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     thread's later ranges: it adds one to each one's position and one to the closes before it, which
     cancel, and a parent is always still open. So only the others are carried into the next piece (about
     as many per thread as its depth there), computed again with it, and dropped."""
-    threads, thread = np.unique(ranges["tid"], return_inverse=True)
+    threads = _threads(ranges["tid"])
+    thread = np.searchsorted(threads, ranges["tid"])
     last = np.full(len(threads), np.iinfo(np.int64).min, dtype=np.int64)
     np.maximum.at(last, thread, ranges["start"])
     start, end = ranges["start"], ranges["end"]
@@ -146,7 +170,7 @@ def _ints(table: pa.Table, name: str) -> np.ndarray:
 def _nest(ranges: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(depth, parent range_id or -1) of push/pop `ranges` (range_id, tid, start, end: whole threads, or
     their ranges from the last still open on), in their order."""
-    threads = np.sort(pc.unique(from_numpy(ranges["tid"])).to_numpy())  # hashed: no sort of all the ranges
+    threads = _threads(ranges["tid"])
     order, thread = _stack_order(ranges["range_id"], ranges["tid"], threads)
     end = ranges["end"][order]
     depth = _depths(thread, ranges["start"][order], end)
@@ -159,6 +183,11 @@ def _nest(ranges: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     depth_of[order] = depth
     parent_of[order] = parent
     return depth_of, parent_of
+
+
+def _threads(tid: np.ndarray) -> np.ndarray:
+    """The distinct threads, sorted: hashed (few threads, millions of ranges), not sorted whole."""
+    return np.sort(pc.unique(from_numpy(tid)).to_numpy())
 
 
 def _stack_order(range_id: np.ndarray, global_tid: np.ndarray,

@@ -180,3 +180,22 @@ def stack_nesting(rows: list[tuple]) -> dict[str, tuple]:
             out[text] = (len(stack), stack[-1][2] if stack else None)
             stack.append((start, end, text))
     return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 2), st.integers(0, 4), st.booleans(), st.booleans()),
+                min_size=1, max_size=40), st.booleans(), st.booleans())
+def test_range_order_is_a_sort_by_every_key(ranges, presorted, nulls):
+    # The sort by start, then by every key among ties only, against one sort by every key (as SQL's
+    # ORDER BY start NULLS LAST, global_tid NULLS LAST, end DESC, raw row); NULLs in some examples only,
+    # since any one takes the sort by every key.
+    import numpy as np
+    if presorted:
+        ranges = sorted(ranges)
+    start, tid, length, tid_null, start_null = (np.array(c) for c in zip(*ranges))
+    tid_null, start_null = tid_null & nulls, start_null & nulls
+    row = np.arange(len(ranges))[::-1].copy()
+    end = start + length
+    want = np.lexsort((row, -end, tid, tid_null, start, start_null))
+    got = nesting_module._range_order(row, tid, start, end, tid_null, start_null)
+    assert got.tolist() == want.tolist()
