@@ -23,7 +23,6 @@ from __future__ import annotations
 import duckdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from itertrace.ingest.scan import from_numpy
 
@@ -186,8 +185,8 @@ def _nest(ranges: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _threads(tid: np.ndarray) -> np.ndarray:
-    """The distinct threads, sorted: hashed (few threads, millions of ranges), not sorted whole."""
-    return np.sort(pc.unique(from_numpy(tid)).to_numpy())
+    """The distinct threads, sorted (pyarrow's hashed unique costs 0.3 s on its first call)."""
+    return np.unique(tid)
 
 
 def _stack_order(range_id: np.ndarray, global_tid: np.ndarray,
