@@ -78,8 +78,23 @@ command: compare within one run of this script; CPU s moves less):
   (2 runs each). cuda_api as a view over 9 stored columns, old and new code in turn on the GPU-shaped
   capture, 4 runs each: 23.9-30.9 s, 40.2-45.6 CPU s against 21.5-24.9 s, 35.9-40.8 CPU s; databases
   256.1-256.4 against 241.3-242.0 MB.
+- round 6 (nsys's held tables keep each raw row's position, which the normalized hidden tables store as
+  export_row, instead of the normalized row's id: no join per link; gpu_ops a view over 15 stored
+  columns; gpu_ops and cuda_api written in the export's order; the ranges numbered and nested together
+  in numpy, in pieces of about 1M by start (`ingest/nesting.py`); pieces inserted as relations, not
+  registered views, which the ingest's one transaction kept with their Arrow tables until it ended).
+  Old and new code in turn, whole ingests, step by step: the held tables' positions, GPU-shaped 2 runs
+  each, 22.2 / 24.9 s (36.8 / 40.4 CPU s) against 21.1 / 20.7 s (33.9 / 33.3), database 241.4 against
+  228.9 MB; 1M-range .arrow, 3 runs each, 2.37-2.68 s (3.41-3.80 CPU s) against 1.96-2.44 s (2.93-3.48),
+  database 14.0 against 10.4 MB. The numbering in numpy with the relations, GPU-shaped 3 runs each:
+  18.4-20.9 s (29.9-32.8 CPU s), 917-936 MB against 16.5-17.8 s (25.9-28.3), 720-764 MB; every normalized
+  table hashes the same. This script, twice (2 rounds each, fastest shown; load 0.7 -> 1.9 and 1.3 ->
+  2.0): SQLite path 4.94 / 5.61 s; ingest .arrow 2.66 / 3.21 s (1.85x / 1.75x), 458 / 454 MB; .nsys-rep
+  2.56x / 3.13x the export (1.80 / 1.75 s); database 10.4 MB (0.64x the report); GPU-shaped 17.6 / 17.4
+  s (570,000 / 575,000 rows/s), 694 / 706 MB; 256MB 34.7 / 58.7 s, 539 / 517 MB. Sample databases
+  unchanged (1.97x and 1.93x).
 
-Why the .nsys-rep ingest costs 2.6-5x the export (rounds 1-5): it is the export, then the .arrow ingest,
+Why the .nsys-rep ingest costs 2.6-5x the export (rounds 1-6): it is the export, then the .arrow ingest,
 nothing more (no second export, no extra tables, no wait: CPU of one .nsys-rep ingest 6.21 / 5.96 s
 against 6.52 / 5.62 s for `nsys export --type arrow` plus the .arrow ingest, 2 runs in turn). The .arrow
 ingest is the part over the target. Overlapping the two would not help: the export writes nothing for
@@ -96,32 +111,32 @@ memory; 0.89 without its 9 all-NULL columns), nvtx_marks 250k x 20 0.21. GPU-sha
 26 11.2, gpu_ops 1.6M x 16 2.7 (106 ns a value: long kernel names), cuda_api 2.1M x 13 1.3,
 nvtx_gpu_projection 1.2M x 6 0.27: 15.5 CPU s before any of nsys's own tables.
 
-Targets not reached, and what would reach them (round 5 reached the size target and keeps the memory
-one):
-- .arrow ingest >= 10x the SQLite path (0.5 s, the SQLite path taking 5.0-5.1 s in round 5): below the
-  floor (the imports alone take 0.35-0.38 CPU s, and writing the 1M ranges' 18 stored columns about 0.6
-  s). In process, round 5's 1M-range ingest spends 0.6 s writing the ranges, 0.35 s on the nesting, 0.23
-  s numbering the ranges (a window over them), 0.5-0.6 s on nsys's own tables (mostly _NVTX_EVENTS, two
-  joins on the raw row) and 0.15 s writing the marks. Next: the range_id by a numpy lexsort beside the
-  nesting, and _NVTX_EVENTS's ids from the same arrays by position instead of two joins; fewer stored
-  columns still (the ranges' text as an id into its distinct values measured 2.4-3.3 against 3.05-3.11 s
-  for 6.1M ranges written from memory: not worth it).
+Targets not reached, and what would reach them (rounds 5-6 reached the size target; the memory one
+holds):
+- .arrow ingest >= 10x the SQLite path (0.5 s, the SQLite path taking 4.9-5.6 s in round 6): below the
+  floor (the imports alone take 0.35-0.38 CPU s, and writing the 1M ranges' 19 stored columns about 0.6
+  s). In process, round 6's 1M-range ingest spends 0.6 s writing the ranges, 0.42-0.68 s numbering and
+  nesting them, 0.18 s on nsys._NVTX_EVENTS and 0.15 s writing the marks; the rest is many statements
+  of a few tens of ms. A tenfold ratio needs a database that copies less than every value once: for
+  example nsys's tables left in the Parquet export beside the database (views over read_parquet), which
+  gives up a self-contained file.
 - .nsys-rep ingest <= 1.5x the export: the .arrow ingest must take at most half the export, about 0.9
   s: the same work as above.
-- GPU-shaped >= 2M rows/s (10M rows in 5 s, 10 CPU s on 2 cores): in process, round 5 spends 5.3 s
-  writing the ranges, 3.2 s on the nesting, 2.8 s numbering the ranges, 3.2 s walking the projection and
-  0.8 s on its SQL, 2.8-3.5 s on gpu_ops (1.3 s of it the write, 0.5 s of that the kernel names: 45
-  distinct names of 175 characters on average over 1.6M rows), 1.6 s on cuda_api and 3-4 s on nsys's own
-  tables (cuda_api is now a view over 9 stored columns). gpu_ops as a view over a narrower table (names
-  as ids into their distinct values, dur_ns and pid computed) comes next, then the numbering and nesting
-  above.
-- Peak RSS < 1 GB: met. The numpy nesting first took the GPU-shaped ingest to 1,023-1,184 MB (3 runs;
-  695-698 before): one thread's 3M ranges as arrays beside DuckDB's 512 MB. A thread past CHUNK_RANGES is
-  now taken in pieces, carrying only the ranges still open (nesting.py); the peak falls while
-  nsys._NVTX_EVENTS and the ranges are written, DuckDB's memory beside its Parquet reader's buffers and
-  the interpreter, and glibc's malloc thresholds do not move it (MALLOC_MMAP_THRESHOLD_ fixed: 1,027 MB).
-  Round 4's 64 MB bulk-free flush threshold took it from 1,020-1,025 to 919-921 MB. `--memory-limit
-  256MB` gives 756-775 MB at 2-2.7x the time.
+- GPU-shaped >= 2M rows/s (10M rows in 5 s, 10 CPU s on 2 cores): in process, round 6 spends 4.3-4.8 s
+  writing the ranges (from memory the same columns take 2.8 s: the rest is the join to their ids and
+  the Parquet scan), 3.4-3.5 s numbering and nesting them (single-threaded numpy, 7 pieces), 1.7-1.9 s
+  walking the projection and 0.7 s on its SQL, 1.7-1.9 s on gpu_ops, 1.0 s on cuda_api and about 1.7
+  s on nsys's own tables. Next: the Python phases (5-6 s on one core) overlapped with the DuckDB work
+  that does not wait on them (gpu_ops, cuda_api and nsys's GPU tables, about 4 s on two cores) through
+  a second connection, which needs the adapter views and Arrow sources there too and a commit between
+  the phases; the kernel names as ids into their distinct values (0.5 s of gpu_ops' write).
+- Peak RSS < 1 GB: met, 694-764 MB since round 6 (917-936 before): each piece of the nesting went into
+  DuckDB through a registered view, and the ingest's one transaction kept every dropped view with its
+  Arrow table, and that table the whole fetched piece its column came from, until it committed (about
+  90 MB a piece). Earlier: the numpy nesting first took the GPU-shaped ingest to 1,023-1,184 MB, fixed by
+  pieces; glibc's malloc thresholds do not move the peak (MALLOC_MMAP_THRESHOLD_ and MALLOC_ARENA_MAX
+  tried); round 4's 64 MB bulk-free flush threshold took it from 1,020-1,025 to 919-921 MB.
+  `--memory-limit 256MB` gives 517-539 MB at 2-3.4x the time.
 """
 from __future__ import annotations
 
