@@ -41,7 +41,8 @@ def create_range_nesting(con: duckdb.DuckDBPyConnection) -> None:
     the ranges are taken in pieces of about `CHUNK_RANGES` by start (quantiles, `cut_points`), so that a
     piece's ids follow the last piece's, sorted here. The nesting of a piece's push/pop ranges is computed
     with the ranges of earlier pieces still open on their threads (`_carried`), and each piece's rows go
-    into DuckDB, within its memory limit, before the next: that bounds the memory the arrays take."""
+    into DuckDB, within its memory limit, before the next: that bounds the memory the arrays take. A
+    push/pop range without a start or a thread (no export seen has one) is numbered but not nested."""
     con.execute("CREATE OR REPLACE TEMP TABLE _nvtx_range_nesting "
                 "(_row BIGINT, range_id BIGINT, depth INTEGER, parent_range_id BIGINT)")
     ts = con.execute('SELECT coalesce(max(greatest(start, coalesce("end", start))), 0) FROM _raw_nvtx').fetchall()[0][0]
