@@ -82,17 +82,18 @@ command: compare within one run of this script; CPU s moves less):
   export_row, instead of the normalized row's id: no join per link; gpu_ops a view over 15 stored
   columns; gpu_ops and cuda_api written in the export's order; the ranges numbered and nested together
   in numpy, in pieces of about 1M by start (`ingest/nesting.py`); pieces inserted as relations, not
-  registered views, which the ingest's one transaction kept with their Arrow tables until it ended).
-  Old and new code in turn, whole ingests, step by step: the held tables' positions, GPU-shaped 2 runs
-  each, 22.2 / 24.9 s (36.8 / 40.4 CPU s) against 21.1 / 20.7 s (33.9 / 33.3), database 241.4 against
-  228.9 MB; 1M-range .arrow, 3 runs each, 2.37-2.68 s (3.41-3.80 CPU s) against 1.96-2.44 s (2.93-3.48),
+  registered views, which the ingest's one transaction kept with their Arrow tables until it ended). Old
+  and new code in turn, whole ingests, step by step: the held tables' positions, GPU-shaped 2 runs each,
+  22.2 / 24.9 s (36.8 / 40.4 CPU s) against 21.1 / 20.7 s (33.9 / 33.3), database 241.4 against 228.9
+  MB; 1M-range .arrow, 3 runs each, 2.37-2.68 s (3.41-3.80 CPU s) against 1.96-2.44 s (2.93-3.48),
   database 14.0 against 10.4 MB. The numbering in numpy with the relations, GPU-shaped 3 runs each:
-  18.4-20.9 s (29.9-32.8 CPU s), 917-936 MB against 16.5-17.8 s (25.9-28.3), 720-764 MB; every normalized
-  table hashes the same. This script, twice (2 rounds each, fastest shown; load 0.7 -> 1.9 and 1.3 ->
-  2.0): SQLite path 4.94 / 5.61 s; ingest .arrow 2.66 / 3.21 s (1.85x / 1.75x), 458 / 454 MB; .nsys-rep
-  2.56x / 3.13x the export (1.80 / 1.75 s); database 10.4 MB (0.64x the report); GPU-shaped 17.6 / 17.4
-  s (570,000 / 575,000 rows/s), 694 / 706 MB; 256MB 34.7 / 58.7 s, 539 / 517 MB. Sample databases
-  unchanged (1.97x and 1.93x).
+  18.4-20.9 s (29.9-32.8 CPU s), 917-936 MB against 16.5-17.8 s (25.9-28.3), 720-764 MB; nvtx_ranges,
+  nvtx_marks, nvtx_gpu_projection, gpu_ops, cuda_api, nsys.NVTX_EVENTS and
+  nsys.CUPTI_ACTIVITY_KIND_KERNEL hash the same. This script, twice (2 rounds each, fastest shown; load
+  0.7 -> 1.9 and 1.3 -> 2.0): SQLite path 4.94 / 5.61 s; ingest .arrow 2.66 / 3.21 s (1.85x / 1.75x),
+  458 / 454 MB; .nsys-rep 2.56x / 3.13x the export (1.80 / 1.75 s); database 10.4 MB (0.64x the report);
+  GPU-shaped 17.6 / 17.4 s (570,000 / 575,000 rows/s), 694 / 706 MB; 256MB 34.7 / 58.7 s, 539 / 517 MB.
+  Sample databases unchanged (1.97x and 1.93x).
 
 Why the .nsys-rep ingest costs 2.6-5x the export (rounds 1-6): it is the export, then the .arrow ingest,
 nothing more (no second export, no extra tables, no wait: CPU of one .nsys-rep ingest 6.21 / 5.96 s
