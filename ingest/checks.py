@@ -65,7 +65,8 @@ STRING_REFERENCES = (("NVTX_EVENTS", "textId"), ("ThreadNames", "nameId"), ("CUP
                      ("CUPTI_ACTIVITY_KIND_KERNEL", "demangledName"), ("CUPTI_ACTIVITY_KIND_KERNEL", "shortName"))
 METADATA_TABLES = ("EXPORT_META_DATA", "META_DATA_EXPORT")
 LAST_TABLE = "PROCESSES"  # nsys writes it last, and every capture has a process
-_RANGE_TYPES = (59, 60, 70, 71)  # push/pop and start/end ranges: they have an end
+RANGE_TYPES = (59, 60, 70, 71)  # push/pop and start/end ranges (70, 71: their NVTXT twins): they have an end
+PUSH_POP_TYPES = (59, 70)
 _INTEGER_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER",
                   "UBIGINT", "UHUGEINT", '"NULL"')
 
@@ -175,11 +176,11 @@ def unnamed_threads_note(con: duckdb.DuckDBPyConnection, schema: str) -> str | N
 
 def _check_range_ends(tables: _RawTables, have: tuple[str, dict], source: Path) -> None:
     if "end" not in have[1] or "eventtype" not in have[1]:
-        if "end" not in have[1] and tables.count(have[0], f"eventType IN {_RANGE_TYPES}"):
+        if "end" not in have[1] and tables.count(have[0], f"eventType IN {RANGE_TYPES}"):
             raise UserError(f"{source}: table {have[0]} has no column end, and it holds ranges")
         return
-    ranges = tables.count(have[0], f"eventType IN {_RANGE_TYPES}")
-    if ranges and not tables.count(have[0], f'eventType IN {_RANGE_TYPES} AND "end" IS NOT NULL'):
+    ranges = tables.count(have[0], f"eventType IN {RANGE_TYPES}")
+    if ranges and not tables.count(have[0], f'eventType IN {RANGE_TYPES} AND "end" IS NOT NULL'):
         raise UserError(f"{source}: column {have[0]}.end is NULL in all {ranges:,} ranges")
 
 

@@ -14,9 +14,9 @@ sorted 12M rows past the ingest's 512MB memory limit and spilled (17.8 s of CPU 
 run of each on the same ranges, identical results). Every step here is a sort or a binary search over
 int64 arrays, reused in place where it can be: on those ranges (two threads of ~3M) numpy held at most
 267 MB (tracemalloc, one run), beside what DuckDB holds within its limit. The range ids were a DuckDB
-window over every range (2.3-2.6 s on those ranges); numbered here by a sort per piece of them, they
-come out the same, and the numbering and nesting together took 3.5-4.6 s instead of 5-5.5 (in process,
-one run of each).
+window over every range; numbered here by a sort per piece of them, they come out the same, and the
+numbering and nesting together took 3.4-3.5 s (2 in-process runs) against about 5 s before (the window
+2.3-2.7 s, the nesting 2.5-3.2 s, over several in-process runs).
 """
 from __future__ import annotations
 
@@ -24,11 +24,12 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from itertrace.ingest.checks import PUSH_POP_TYPES, RANGE_TYPES
 from itertrace.ingest.scan import from_numpy
 
 _POSITION_BITS = 40  # a range's position among all ranges: up to 2**40 ranges
 CHUNK_RANGES = 1_000_000  # ranges numbered and nested at once
-RANGE_EVENTS = "eventType IN (59, 60, 70, 71)"  # push/pop, start/end and their NVTXT twins, as nvtx_ranges.sql
+RANGE_EVENTS = f"eventType IN {RANGE_TYPES}"
 _SCHEMA = pa.schema([("_row", pa.int64()), ("range_id", pa.int64()), ("depth", pa.int32()),
                      ("parent_range_id", pa.int64())])
 
@@ -46,7 +47,7 @@ def create_range_nesting(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("CREATE OR REPLACE TEMP TABLE _nvtx_range_nesting "
                 "(_row BIGINT, range_id BIGINT, depth INTEGER, parent_range_id BIGINT)")
     ts = con.execute('SELECT coalesce(max(greatest(start, coalesce("end", start))), 0) FROM _raw_nvtx').fetchall()[0][0]
-    cuts = cut_points(con, "start", f"_raw_nvtx WHERE {RANGE_EVENTS}", [])[1:]
+    cuts = cut_points(con, "start", f"_raw_nvtx WHERE {RANGE_EVENTS}", [])
     spans = [f"start < {cuts[0]}"] if cuts else ["true"]
     spans += [f"start >= {lo} AND start < {hi}" for lo, hi in zip(cuts, cuts[1:])]
     spans += [f"start >= {cuts[-1]} OR start IS NULL"] if cuts else []  # NULL sorts last, as in SQL
@@ -55,7 +56,7 @@ def create_range_nesting(con: duckdb.DuckDBPyConnection) -> None:
         piece = con.sql(
             "SELECT _row, coalesce(globalTid, 0) AS global_tid, coalesce(start, 0) AS start_ns, "
             "coalesce(greatest(coalesce(\"end\", $ts), start), 0) AS end_eff, (start IS NULL)::BIGINT AS start_null, "
-            "(globalTid IS NULL)::BIGINT AS tid_null, (eventType IN (59, 70) AND start IS NOT NULL AND globalTid IS NOT NULL)::BIGINT "
+            f"(globalTid IS NULL)::BIGINT AS tid_null, (eventType IN {PUSH_POP_TYPES} AND start IS NOT NULL AND globalTid IS NOT NULL)::BIGINT "
             f"AS nested FROM _raw_nvtx WHERE ({RANGE_EVENTS}) AND ({span})", params={"ts": ts}).to_arrow_table()
         carried = _number_and_nest(con, piece, next_id, carried)
         next_id += piece.num_rows
@@ -140,13 +141,13 @@ def thread_groups(counts: list[tuple[int, int]], budget: int) -> list[tuple[int,
 
 
 def cut_points(con: duckdb.DuckDBPyConnection, column: str, rows: str, params: list) -> list:
-    """The least value of `column` over `rows` (SQL after FROM), then values that split them into pieces of
-    at most about `CHUNK_RANGES` rows each: quantiles, which DuckDB finds without a sort."""
+    """Values of `column` that split `rows` (SQL after FROM) into pieces of at most about `CHUNK_RANGES`
+    rows each (none where they fit in one): quantiles, which DuckDB finds without a sort."""
     n = con.execute(f"SELECT count(*) FROM {rows}", params).fetchall()[0][0]
     pieces = -(-n // CHUNK_RANGES)
     fractions = ", ".join(str(i / pieces) for i in range(pieces))
     cuts = con.execute(f"SELECT quantile_disc({column}, [{fractions}]) FROM {rows}", params).fetchall()[0][0]
-    return sorted(set(cuts or []))
+    return sorted(set(cuts or []))[1:]  # the first is the least value
 
 
 def _insert(con: duckdb.DuckDBPyConnection, part: pa.Table) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from itertrace.ingest.adapters import RAW_VIEWS
 from itertrace.ingest.arrow_io import TableStream
+from itertrace.ingest.checks import RANGE_TYPES
 from itertrace.ingest.loader import LoadContext, quote
 from itertrace.ingest.scan import ROW, Column, Sources
 
@@ -74,7 +75,7 @@ def _gpu_link(kind: str, columns: dict[str, str]) -> Link:
 
 HELD = (
     Held("NVTX_EVENTS", "_raw_nvtx", (
-        Link("{eventtype} IN (59, 60, 70, 71)", "_nvtx_range_rows",  # as nvtx_ranges.sql
+        Link(f"{{eventtype}} IN {RANGE_TYPES}", "_nvtx_range_rows",  # as nesting.py
              {"start": "{n}.start_ns", "end": "{n}.end_ns", "endglobaltid": "{n}.end_global_tid", **_NVTX}),
         Link("{eventtype} = 34", "_nvtx_mark_rows",  # as nvtx_marks.sql
              {"start": "{n}.ts_ns", **_NVTX}),

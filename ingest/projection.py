@@ -70,7 +70,7 @@ def _slices(con: duckdb.DuckDBPyConnection, tid: int, ranges: int) -> list[tuple
     lowest, highest = -(2**63), 2**63 - 1
     if ranges <= nesting.CHUNK_RANGES:
         return [(lowest, highest)]
-    cuts = nesting.cut_points(con, "start_ns", "_nvtx_range_rows WHERE depth IS NOT NULL AND global_tid = ?", [tid])[1:]
+    cuts = nesting.cut_points(con, "start_ns", "_nvtx_range_rows WHERE depth IS NOT NULL AND global_tid = ?", [tid])
     bounds = [lowest, *cuts, highest]
     return list(zip(bounds[:-1], bounds[1:]))
 

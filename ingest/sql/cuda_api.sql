@@ -18,8 +18,8 @@ CREATE TABLE _cuda_api_rows (
   correlation_id BIGINT,
   -- As cuda_api.return_value.
   return_value BIGINT,
-  -- Position of the raw row it came from in the export's CUPTI_ACTIVITY_KIND_RUNTIME (nsys.CUPTI_ACTIVITY_KIND_RUNTIME reads its values back from
-  -- here by it); NULL for rows from other sources.
+  -- Position of the raw row it came from in the export's CUPTI_ACTIVITY_KIND_RUNTIME, by which
+  -- nsys.CUPTI_ACTIVITY_KIND_RUNTIME reads its values back from here; NULL for rows from other sources.
   export_row BIGINT
 );
 

@@ -28,8 +28,8 @@ CREATE TABLE _nvtx_mark_rows (
   float_value FLOAT,
   -- As nvtx_marks.json_text.
   json_text VARCHAR,
-  -- Position of the raw row it came from in the export's NVTX_EVENTS (nsys.NVTX_EVENTS reads its values back from
-  -- here by it); NULL for rows from other sources.
+  -- Position of the raw row it came from in the export's NVTX_EVENTS, by which nsys.NVTX_EVENTS
+  -- reads its values back from here; NULL for rows from other sources.
   export_row BIGINT
 );
 

@@ -36,8 +36,8 @@ CREATE TABLE _nvtx_range_rows (
   parent_range_id BIGINT,
   -- As nvtx_ranges.depth.
   depth INTEGER,
-  -- Position of the raw row it came from in the export's NVTX_EVENTS (nsys.NVTX_EVENTS reads its values back from
-  -- here by it); NULL for rows from other sources.
+  -- Position of the raw row it came from in the export's NVTX_EVENTS, by which nsys.NVTX_EVENTS
+  -- reads its values back from here; NULL for rows from other sources.
   export_row BIGINT
 );
 
