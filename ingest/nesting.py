@@ -20,10 +20,13 @@ numbering and nesting together took 3.4-3.5 s (2 in-process runs) against about 
 """
 from __future__ import annotations
 
+import threading
+
 import duckdb
 import numpy as np
 import pyarrow as pa
 
+from itertrace.ingest.background import check
 from itertrace.ingest.checks import PUSH_POP_TYPES, RANGE_TYPES
 from itertrace.ingest.scan import from_numpy
 
@@ -34,9 +37,9 @@ _SCHEMA = pa.schema([("_row", pa.int64()), ("range_id", pa.int64()), ("depth", p
                      ("parent_range_id", pa.int64())])
 
 
-def create_range_nesting(con: duckdb.DuckDBPyConnection) -> None:
-    """The temp table `_nvtx_range_nesting`: (_row, range_id, depth, parent_range_id) of every NVTX range
-    in `_raw_nvtx` (depth and parent NULL for start/end ranges).
+def create_range_nesting(con: duckdb.DuckDBPyConnection, table: str, cancel: threading.Event | None = None) -> None:
+    """The table `table`: (_row, range_id, depth, parent_range_id) of every NVTX range in `_raw_nvtx`
+    (depth and parent NULL for start/end ranges); stops between pieces once `cancel` is set.
 
     range_id is each range's position by (start, global_tid, effective end descending, raw row), from 1;
     the ranges are taken in pieces of about `CHUNK_RANGES` by start (quantiles, `cut_points`), so that a
@@ -44,8 +47,7 @@ def create_range_nesting(con: duckdb.DuckDBPyConnection) -> None:
     with the ranges of earlier pieces still open on their threads (`_carried`), and each piece's rows go
     into DuckDB, within its memory limit, before the next: that bounds the memory the arrays take. A
     push/pop range without a start or a thread (no export seen has one) is numbered but not nested."""
-    con.execute("CREATE OR REPLACE TEMP TABLE _nvtx_range_nesting "
-                "(_row BIGINT, range_id BIGINT, depth INTEGER, parent_range_id BIGINT)")
+    con.execute(f"CREATE OR REPLACE TABLE {table} (_row BIGINT, range_id BIGINT, depth INTEGER, parent_range_id BIGINT)")
     ts = con.execute('SELECT coalesce(max(greatest(start, coalesce("end", start))), 0) FROM _raw_nvtx').fetchall()[0][0]
     cuts = cut_points(con, "start", f"_raw_nvtx WHERE {RANGE_EVENTS}", [])
     spans = [f"start < {cuts[0]}"] if cuts else ["true"]
@@ -53,16 +55,17 @@ def create_range_nesting(con: duckdb.DuckDBPyConnection) -> None:
     spans += [f"start >= {cuts[-1]} OR start IS NULL"] if cuts else []  # NULL sorts last, as in SQL
     next_id, carried = 1, None
     for span in spans:
+        check(cancel)
         piece = con.sql(
             "SELECT _row, coalesce(globalTid, 0) AS global_tid, coalesce(start, 0) AS start_ns, "
             "coalesce(greatest(coalesce(\"end\", $ts), start), 0) AS end_eff, (start IS NULL)::BIGINT AS start_null, "
             f"(globalTid IS NULL)::BIGINT AS tid_null, (eventType IN {PUSH_POP_TYPES} AND start IS NOT NULL AND globalTid IS NOT NULL)::BIGINT "
             f"AS nested FROM _raw_nvtx WHERE ({RANGE_EVENTS}) AND ({span})", params={"ts": ts}).to_arrow_table()
-        carried = _number_and_nest(con, piece, next_id, carried)
+        carried = _number_and_nest(con, table, piece, next_id, carried)
         next_id += piece.num_rows
 
 
-def _number_and_nest(con: duckdb.DuckDBPyConnection, piece: pa.Table, first_id: int,
+def _number_and_nest(con: duckdb.DuckDBPyConnection, table: str, piece: pa.Table, first_id: int,
                      carried: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
     """Number one piece's ranges from `first_id`, nest its push/pop ranges after the `carried` ones of
     earlier pieces, and insert its rows; returns the push/pop ranges to carry into the next piece."""
@@ -85,7 +88,7 @@ def _number_and_nest(con: duckdb.DuckDBPyConnection, piece: pa.Table, first_id: 
     depth[nested] = depth_of[mine:]
     parent = np.full(piece.num_rows, -1, dtype=np.int64)
     parent[nested] = parent_of[mine:]
-    _insert(con, pa.Table.from_arrays([piece.column("_row"), from_numpy(range_id), from_numpy(depth, ~nested),
+    _insert(con, table, pa.Table.from_arrays([piece.column("_row"), from_numpy(range_id), from_numpy(depth, ~nested),
                                        from_numpy(parent, parent < 0)], schema=_SCHEMA))
     return _carried(ranges)
 
@@ -150,10 +153,10 @@ def cut_points(con: duckdb.DuckDBPyConnection, column: str, rows: str, params: l
     return sorted(set(cuts or []))[1:]  # the first is the least value
 
 
-def _insert(con: duckdb.DuckDBPyConnection, part: pa.Table) -> None:
+def _insert(con: duckdb.DuckDBPyConnection, table: str, part: pa.Table) -> None:
     # Read through a relation, not a registered view: the ingest's one transaction would keep an
     # unregistered view, and with it the Arrow table, until it commits.
-    con.from_arrow(part).insert_into("_nvtx_range_nesting")
+    con.from_arrow(part).insert_into(table)
 
 
 def _bools(table: pa.Table, name: str) -> np.ndarray:

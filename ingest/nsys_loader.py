@@ -83,7 +83,8 @@ class NsysLoader:
         try:
             check_raw_tables(ctx.con, sources.relations, path)
             columns = {name: {c.name.lower(): c.name for c in found} for name, found in sources.columns.items()}
-            build_normalized_over(ctx.con, sources.relations, columns, str(path.resolve()), kind.value, ctx.progress)
+            build_normalized_over(ctx.con, sources.relations, columns, str(path.resolve()), kind.value, ctx.progress,
+                                  sources.reader)
             store_raw_tables(ctx, sources, tables, drop_volatile=export is not None)
             fold_small_tables(ctx.con, stored_tables())
         finally:

@@ -40,7 +40,14 @@ class Sources:
     relations: dict[str, str] = field(default_factory=dict)  # table name -> SQL relation, usable after FROM
     columns: dict[str, tuple[Column, ...]] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)
-    _registered: list[str] = field(default_factory=list)
+    _registered: dict[str, pa.Table] = field(default_factory=dict)
+
+    def reader(self) -> duckdb.DuckDBPyConnection:
+        """A second connection to `con`'s database on which the relations read the same."""
+        side = self.con.cursor()
+        for name, arrow in self._registered.items():
+            side.register(name, arrow)
+        return side
 
     def close(self) -> None:
         """Let go of the Arrow tables handed to DuckDB."""
@@ -151,7 +158,7 @@ def _arrow_base(con: duckdb.DuckDBPyConnection, table: TableStream, name: str,
     # each table as one batch.
     arrow = pa.Table.from_batches(arrow.to_batches(max_chunksize=SCAN_BATCH_ROWS), arrow.schema)
     con.register(name, arrow)
-    sources._registered.append(name)
+    sources._registered[name] = arrow
     kinds = {f.name: _duckdb_type(f.type) if f.type in (pa.int64(), pa.float64(), pa.string()) else "other"
              for f in arrow.schema}
     return name, kinds

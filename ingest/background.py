@@ -1,0 +1,68 @@
+"""Work run on a second connection to the ingest's database, in a thread, while the first goes on.
+
+The ingest runs as one transaction, which a second connection cannot see into: what the work reads
+must be there before (the export's tables, read where they lie), and what it writes goes to `WORK`,
+an in-memory database attached to both. The work commits there before the first connection reads
+it, and the first connection's transaction, begun earlier, still sees it: DuckDB begins a
+transaction in an attached database when the transaction first touches it, and the first connection
+touches `WORK` only after the work is done. `WORK` lives within DuckDB's memory limit (spilling to
+disk past it) and goes when the ingest's connection closes.
+
+The work's Python runs while the first connection's statements run in DuckDB, which lets go of the
+interpreter; numpy lets go of it in its sorts and searches: on two cores the two overlap.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import duckdb
+
+from itertrace.interrupts import quiet_progress
+
+WORK = "_ingest_work"
+
+
+class Cancelled(Exception):
+    """Raised inside a job whose ingest failed or was interrupted, to end it early."""
+
+
+class SideJob:
+    """`work(side, cancel)` in a thread on the connection `open_side()` returns; `wait` for its end."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, open_side: Callable[[], duckdb.DuckDBPyConnection],
+                 work: Callable[[duckdb.DuckDBPyConnection, threading.Event], None]) -> None:
+        con.execute(f"ATTACH IF NOT EXISTS ':memory:' AS {WORK}")
+        self._side = open_side()
+        quiet_progress(self._side)
+        self._cancel = threading.Event()
+        self._error: BaseException | None = None
+        self._work = work
+        self._thread = threading.Thread(target=self._run, name="itertrace-side-job", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._work(self._side, self._cancel)
+        except BaseException as exc:  # re-raised by wait, on the ingest's thread
+            self._error = exc
+
+    def wait(self) -> None:
+        """Block until the work is done; raise what it raised."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        """Stop the work if it still runs (between its steps, or inside a statement), and close its connection."""
+        if self._thread.is_alive():
+            self._cancel.set()
+            self._side.interrupt()
+            self._thread.join()
+        self._side.close()
+
+
+def check(cancel: threading.Event | None) -> None:
+    """Raise `Cancelled` once `cancel` is set: called by a job between its steps."""
+    if cancel is not None and cancel.is_set():
+        raise Cancelled("the ingest stopped")
