@@ -94,6 +94,16 @@ command: compare within one run of this script; CPU s moves less):
   458 / 454 MB; .nsys-rep 2.56x / 3.13x the export (1.80 / 1.75 s); database 10.4 MB (0.64x the report);
   GPU-shaped 17.6 / 17.4 s (570,000 / 575,000 rows/s), 694 / 706 MB; 256MB 34.7 / 58.7 s, 539 / 517 MB.
   Sample databases unchanged (1.97x and 1.93x).
+- round 7 (the ranges numbered and nested in a thread on a second connection while the ingest's
+  connection builds nvtx_marks, cuda_api and gpu_ops, `ingest/background.py`). Old and new code in turn,
+  whole ingests: 1M-range .arrow, 5 runs each, 2.67-3.00 s (3.72-4.00 CPU s), 469-488 MB against
+  2.26-2.62 s (3.45-3.82), 523-562 MB; GPU-shaped, 3 runs each, 17.1-19.2 s (27.4-30.0 CPU s), 685-712 MB
+  against 17.2-17.6 s (29.1-30.4), 769-793 MB: there the nesting (5.3 s in its thread, one in-process
+  run) ends before the ingest's connection needs it, which then has the two cores nearly all busy.
+  Table contents hash the same. This script, twice (2 rounds each, fastest shown; load 1.2 -> 2.0 and
+  2.0 -> 2.0): SQLite path 4.87 / 6.03 s; ingest .arrow 2.62 / 2.85 s (1.86x / 2.11x), 586 / 497 MB;
+  .nsys-rep 2.31x / 2.72x the export (2.00 / 2.02 s); GPU-shaped 15.47 / 15.46 s (648,000 / 649,000
+  rows/s), 823 / 765 MB; 256MB 39.7 / 53.6 s, 567 / 557 MB. Sample databases unchanged.
 
 Why the .nsys-rep ingest costs 2.6-5x the export (rounds 1-6): it is the export, then the .arrow ingest,
 nothing more (no second export, no extra tables, no wait: CPU of one .nsys-rep ingest 6.21 / 5.96 s
@@ -112,32 +122,32 @@ memory; 0.89 without its 9 all-NULL columns), nvtx_marks 250k x 20 0.21. GPU-sha
 26 11.2, gpu_ops 1.6M x 16 2.7 (106 ns a value: long kernel names), cuda_api 2.1M x 13 1.3,
 nvtx_gpu_projection 1.2M x 6 0.27: 15.5 CPU s before any of nsys's own tables.
 
-Targets not reached, and what would reach them (rounds 5-6 reached the size target; the memory one
-holds):
-- .arrow ingest >= 10x the SQLite path (0.5 s, the SQLite path taking 4.9-5.6 s in round 6): below the
-  floor (the imports alone take 0.35-0.38 CPU s, and writing the 1M ranges' 19 stored columns about 0.6
-  s). In process, round 6's 1M-range ingest spends 0.6 s writing the ranges, 0.42-0.68 s numbering and
-  nesting them, 0.18 s on nsys._NVTX_EVENTS and 0.15 s writing the marks; the rest is many statements
-  of a few tens of ms. A tenfold ratio needs a database that copies less than every value once: for
-  example nsys's tables left in the Parquet export beside the database (views over read_parquet), which
-  gives up a self-contained file.
-- .nsys-rep ingest <= 1.5x the export: the .arrow ingest must take at most half the export, about 0.9
-  s: the same work as above.
-- GPU-shaped >= 2M rows/s (10M rows in 5 s, 10 CPU s on 2 cores): in process, round 6 spends 4.3-4.8 s
-  writing the ranges (from memory the same columns take 2.8 s: the rest is the join to their ids and
-  the Parquet scan), 3.4-3.5 s numbering and nesting them (single-threaded numpy, 7 pieces), 1.7-1.9 s
-  walking the projection and 0.7 s on its SQL, 1.7-1.9 s on gpu_ops, 1.0 s on cuda_api and about 1.7
-  s on nsys's own tables. Next: the Python phases (5-6 s on one core) overlapped with the DuckDB work
-  that does not wait on them (gpu_ops, cuda_api and nsys's GPU tables, about 4 s on two cores) through
-  a second connection, which needs the adapter views and Arrow sources there too and a commit between
-  the phases; the kernel names as ids into their distinct values (0.5 s of gpu_ops' write).
-- Peak RSS < 1 GB: met, 694-764 MB since round 6 (917-936 before): each piece of the nesting went into
+Targets not reached (rounds 5-6 reached the size target; the memory one holds). Each is below what
+this machine's two cores take to start the interpreter and write the finished database's values once,
+before any reading, numbering, nesting or projection. Measured in round 7: interpreter and imports
+0.32-0.73 s wall (6 runs); writing every stored table of the finished database from in-memory copies
+into a new file (CREATE TABLE AS, `default_block_size` 64 KiB or 256 KiB: no difference), 1M-range
+capture 0.53-0.68 s wall (1.03-1.30 CPU s, 3 runs), GPU-shaped 6.2-7.6 s wall (11.7-14.3 CPU s, 4 runs),
+of which the ranges' 19 columns take 2.5-2.8 s (their text 0.8 s, each all-NULL column about 0.1 s).
+- .arrow ingest >= 10x the SQLite path: 0.49-0.60 s in round 7, against 0.85-1.4 s for the imports and
+  the writes alone.
+- .nsys-rep ingest <= 1.5x the export: at most 1.0 s on top of the 2.0 s export, against the same
+  0.85-1.4 s.
+- GPU-shaped >= 2M rows/s: 5.0 s for the 10M rows, against 6.2-7.6 s for the writes alone; the whole
+  ingest takes 27-30 CPU s, and its two cores are nearly all busy.
+What would reach them: fewer values copied or more cores. Leaving nsys's own tables in the Parquet
+export beside the database (views over read_parquet) gives up the self-contained file; text stored as
+ids into a strings table (0.8 of the ranges' 2.5-2.8 s) would have every query that reads nvtx_ranges'
+text join for it. The writes run on every core DuckDB has; the numpy phases (3.3 CPU s of nesting, 2.6 of
+projection walk) on one each.
+- Peak RSS < 1 GB: met, 765-823 MB in round 7 (the nesting's arrays beside gpu_ops' work), 694-764 MB
+  in round 6 (917-936 before): each piece of the nesting went into
   DuckDB through a registered view, and the ingest's one transaction kept every dropped view with its
   Arrow table, and that table the whole fetched piece its column came from, until it committed (about
   90 MB a piece). Earlier: the numpy nesting first took the GPU-shaped ingest to 1,023-1,184 MB, fixed by
   pieces; glibc's malloc thresholds do not move the peak (MALLOC_MMAP_THRESHOLD_ and MALLOC_ARENA_MAX
   tried); round 4's 64 MB bulk-free flush threshold took it from 1,020-1,025 to 919-921 MB.
-  `--memory-limit 256MB` gives 517-539 MB at 2-3.4x the time.
+  `--memory-limit 256MB` gives 517-567 MB at 2-3.5x the time (rounds 6-7).
 """
 from __future__ import annotations
 
