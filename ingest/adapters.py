@@ -58,11 +58,12 @@ RAW_VIEWS = (
 )
 
 
-def create_raw_views(con: duckdb.DuckDBPyConnection, schema: str, views: tuple[RawView, ...] = RAW_VIEWS) -> None:
-    """Create every view of `views` as a temporary view over the raw tables in `schema`."""
+def schema_relations(con: duckdb.DuckDBPyConnection, schema: str) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """The raw tables in `schema` as relations with a column `_row`, and their columns, for
+    `create_raw_views_over`."""
     present = _columns_by_table(con, schema)
     relations = {table: f"(SELECT *, rowid AS _row FROM {quote(schema)}.{quote(table)})" for table in present}
-    create_raw_views_over(con, relations, present, views)
+    return relations, present
 
 
 def create_raw_views_over(con: duckdb.DuckDBPyConnection, relations: dict[str, str],

@@ -6,7 +6,7 @@ an in-memory database attached to both. The work commits there before the first 
 it, and the first connection's transaction, begun earlier, still sees it: DuckDB begins a
 transaction in an attached database when the transaction first touches it, and the first connection
 touches `WORK` only after the work is done. `WORK` lives within DuckDB's memory limit (spilling to
-disk past it) and goes when the ingest's connection closes.
+disk past it); the caller detaches it when done, and a failed ingest's connection takes it on closing.
 
 The work's Python runs while the first connection's statements run in DuckDB, which lets go of the
 interpreter; numpy lets go of it in its sorts and searches: on two cores the two overlap.

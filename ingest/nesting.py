@@ -154,8 +154,8 @@ def cut_points(con: duckdb.DuckDBPyConnection, column: str, rows: str, params: l
 
 
 def _insert(con: duckdb.DuckDBPyConnection, table: str, part: pa.Table) -> None:
-    # Read through a relation, not a registered view: the ingest's one transaction would keep an
-    # unregistered view, and with it the Arrow table, until it commits.
+    # Read through a relation, not a registered view: an open transaction (the ingest's, where the
+    # projection inserts) keeps an unregistered view, and with it the Arrow table, until it commits.
     con.from_arrow(part).insert_into(table)
 
 

@@ -6,7 +6,7 @@ from importlib import resources
 
 import duckdb
 
-from itertrace.ingest.adapters import RAW_VIEWS, create_raw_views, create_raw_views_over
+from itertrace.ingest.adapters import RAW_VIEWS, create_raw_views_over, schema_relations
 from itertrace.ingest.background import WORK, SideJob
 from itertrace.ingest.nesting import create_range_nesting
 from itertrace.ingest.progress import Progress
@@ -56,15 +56,8 @@ def build_normalized(
 ) -> None:
     """Create every normalized table in the main schema from the raw tables in `raw_schema` (committed:
     a second connection reads them too), with comments."""
-    prefer_sort_based_joins(con)
-    create_raw_views(con, raw_schema)
-
-    def open_side() -> duckdb.DuckDBPyConnection:
-        side = con.cursor()
-        create_raw_views(side, raw_schema, _NVTX_VIEWS)
-        return side
-
-    _build(con, source, source_kind, progress, open_side)
+    relations, columns = schema_relations(con, raw_schema)
+    build_normalized_over(con, relations, columns, source, source_kind, progress)
 
 
 def build_normalized_over(
