@@ -17,7 +17,7 @@ from pathlib import Path
 import duckdb
 
 from itertrace.errors import UserError
-from itertrace.interrupts import interruptible, quiet_progress
+from itertrace.interrupts import deferred, interruptible, quiet_progress
 from itertrace.ingest.arrow_io import first_line
 from itertrace.ingest.kineto import KinetoLoader
 from itertrace.ingest.checks import empty_tables, unnamed_threads_note
@@ -116,15 +116,18 @@ def ingest(
                     rows, notes, empty, tables = _load(con, plan, groups,
                                                        LoadContext(con, workdir, options.batch_rows, progress))
             finally:
-                con.close()
+                with deferred():  # see itertrace.interrupts: clean-up is not broken into
+                    con.close()
             _check_complete(building, tables)
             check_not_held(target)  # again: the ingest took a while
             os.replace(building, target)
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            with deferred():
+                shutil.rmtree(workdir, ignore_errors=True)
         target.with_name(target.name + ".wal").unlink(missing_ok=True)  # a log of the database replaced
     except BaseException as exc:
-        _remove_database(building)
+        with deferred():
+            _remove_database(building)
         if isinstance(exc, duckdb.OutOfMemoryException):
             limit = (f"--memory-limit {options.memory_limit}" if options.memory_limit
                      else f"the default --memory-limit {DEFAULT_MEMORY_LIMIT}")

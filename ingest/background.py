@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import duckdb
 
-from itertrace.interrupts import quiet_progress
+from itertrace.interrupts import deferred, quiet_progress
 
 WORK = "_ingest_work"
 
@@ -28,7 +28,16 @@ class Cancelled(Exception):
 
 
 class SideJob:
-    """`work(side, cancel)` in a thread on the connection `open_side()` returns; `wait` for its end."""
+    """`work(side, cancel)` in a thread on the connection `open_side()` returns, from `start` on; `wait` for
+    its end; `close` in a `finally` that begins before `start`.
+
+    A signal can break into any line of Python, a `with` statement's entry included, so the thread
+    starts inside the caller's `try` and `close` waits for it however far `start` got. Nothing joins
+    the thread where a signal can break in: in Python 3.11 a signal's exception that interrupts `join`
+    marks the thread as ended while it still runs, and a thread left at work inside DuckDB while the
+    interpreter shuts down aborts the process. `wait` and `close` wait on an event the thread sets as its
+    last step; the join after it runs in a `deferred()` block.
+    """
 
     def __init__(self, con: duckdb.DuckDBPyConnection, open_side: Callable[[], duckdb.DuckDBPyConnection],
                  work: Callable[[duckdb.DuckDBPyConnection, threading.Event], None]) -> None:
@@ -36,9 +45,14 @@ class SideJob:
         self._side = open_side()
         quiet_progress(self._side)
         self._cancel = threading.Event()
+        self._done = threading.Event()
+        self._started = False
         self._error: BaseException | None = None
         self._work = work
         self._thread = threading.Thread(target=self._run, name="itertrace-side-job", daemon=True)
+
+    def start(self) -> None:
+        self._started = True  # before the thread exists: close must wait for it from here on
         self._thread.start()
 
     def _run(self) -> None:
@@ -46,20 +60,30 @@ class SideJob:
             self._work(self._side, self._cancel)
         except BaseException as exc:  # re-raised by wait, on the ingest's thread
             self._error = exc
+        finally:
+            self._done.set()
 
     def wait(self) -> None:
         """Block until the work is done; raise what it raised."""
-        self._thread.join()
+        self._done.wait()
+        self._join()
         if self._error is not None:
             raise self._error
 
     def close(self) -> None:
         """Stop the work if it still runs (between its steps, or inside a statement), and close its connection."""
-        if self._thread.is_alive():
-            self._cancel.set()
-            self._side.interrupt()
-            self._thread.join()
-        self._side.close()
+        with deferred():
+            if self._started and not self._done.is_set():
+                self._cancel.set()
+                self._side.interrupt()
+                self._done.wait()
+                self._join()
+            self._side.close()
+
+    def _join(self) -> None:
+        with deferred():
+            if self._thread.ident is not None:  # `start` may have been broken off before the thread began
+                self._thread.join()
 
 
 def check(cancel: threading.Event | None) -> None:

@@ -9,6 +9,7 @@ import duckdb
 import pyarrow as pa
 
 from itertrace.errors import UserError
+from itertrace.interrupts import deferred
 from itertrace.ingest.arrow_io import TableStream, first_line
 from itertrace.ingest.convert import uniform_batch, uniform_schema
 from itertrace.ingest.progress import Progress
@@ -66,7 +67,8 @@ class LoadContext:
         view = f"_ingest_stream_{self._readers}"
         self.con.register(view, pa.RecordBatchReader.from_batches(arrow_schema, batches()))
         try:
-            self.con.execute(f"CREATE TABLE {quote(schema)}.{quote(name or table.name)} AS SELECT * FROM {view}")
+            with deferred():  # the generator runs inside DuckDB's scan: a signal must not raise in it
+                self.con.execute(f"CREATE TABLE {quote(schema)}.{quote(name or table.name)} AS SELECT * FROM {view}")
         except duckdb.Error as exc:
             self._unregister(view)
             if failures:

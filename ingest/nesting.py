@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from itertrace.ingest.background import check
+from itertrace.interrupts import deferred
 from itertrace.ingest.checks import PUSH_POP_TYPES, RANGE_TYPES
 from itertrace.ingest.scan import from_numpy
 
@@ -88,7 +89,7 @@ def _number_and_nest(con: duckdb.DuckDBPyConnection, table: str, piece: pa.Table
     depth[nested] = depth_of[mine:]
     parent = np.full(piece.num_rows, -1, dtype=np.int64)
     parent[nested] = parent_of[mine:]
-    _insert(con, table, pa.Table.from_arrays([piece.column("_row"), from_numpy(range_id), from_numpy(depth, ~nested),
+    insert(con, table, pa.Table.from_arrays([piece.column("_row"), from_numpy(range_id), from_numpy(depth, ~nested),
                                        from_numpy(parent, parent < 0)], schema=_SCHEMA))
     return _carried(ranges)
 
@@ -153,10 +154,12 @@ def cut_points(con: duckdb.DuckDBPyConnection, column: str, rows: str, params: l
     return sorted(set(cuts or []))[1:]  # the first is the least value
 
 
-def _insert(con: duckdb.DuckDBPyConnection, table: str, part: pa.Table) -> None:
+def insert(con: duckdb.DuckDBPyConnection, table: str, part: pa.Table) -> None:
+    """Insert `part` into `table` through a relation."""
     # Read through a relation, not a registered view: an open transaction (the ingest's, where the
     # projection inserts) keeps an unregistered view, and with it the Arrow table, until it commits.
-    con.from_arrow(part).insert_into(table)
+    with deferred():  # DuckDB's scan of the table runs pyarrow's Python: a signal must not raise in it
+        con.from_arrow(part).insert_into(table)
 
 
 def _bools(table: pa.Table, name: str) -> np.ndarray:

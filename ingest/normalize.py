@@ -12,6 +12,7 @@ from itertrace.ingest.nesting import create_range_nesting
 from itertrace.ingest.progress import Progress
 from itertrace.ingest.projection import create_walked_projection
 from itertrace.ingest.sqldoc import comment_statements, statements, table_docs
+from itertrace.interrupts import deferred
 
 # In dependency order: each file may read the tables of the files before it. nvtx_ranges waits for
 # the ranges' nesting, made meanwhile on a second connection (`_build`): the files before it do not.
@@ -100,6 +101,7 @@ def _build(con: duckdb.DuckDBPyConnection, source: str, source_kind: str, progre
 
     makers = {NESTING: read_nesting, **PYTHON_TABLES}
     try:
+        job.start()
         made: set[str] = set()
         for name in SQL_FILES:
             text = sql_text(name)
@@ -122,7 +124,8 @@ def _execute(con: duckdb.DuckDBPyConnection, statement: str, made: set[str],
         if name in statement and name not in made:
             make(con)
             made.add(name)
-    con.execute(statement)
+    with deferred():  # the statement may scan Arrow tables through pyarrow's Python: no signal raises in it
+        con.execute(statement)
 
 
 def prefer_sort_based_joins(con: duckdb.DuckDBPyConnection) -> None:

@@ -58,7 +58,7 @@ def create_walked_projection(con: duckdb.DuckDBPyConnection) -> None:
                 "WHERE end_ns > start_ns AND global_tid BETWEEN $first AND $last AND start_ns >= $lo "
                 "AND start_ns < $hi AND global_tid IN (SELECT global_tid FROM _nvtx_walk_threads)",
                 {"first": first, "last": last, "lo": lo, "hi": hi}).fetchnumpy()
-            con.from_arrow(walk(ranges, calls)).insert_into("_nvtx_projection_walked")  # not a view: see nesting._insert
+            nesting.insert(con, "_nvtx_projection_walked", walk(ranges, calls))
 
 
 def _slices(con: duckdb.DuckDBPyConnection, tid: int, ranges: int) -> list[tuple[int, int]]:

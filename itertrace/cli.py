@@ -9,9 +9,9 @@ import argparse
 import importlib
 import signal
 import sys
-import threading
 
 from itertrace.errors import UserError
+from itertrace.interrupts import Signals
 
 # Subpackages whose cli.py contributes subcommands, in the order `--help` lists them.
 _PARTS = ("itertrace.profiler.cli", "itertrace.ingest.cli", "itertrace.queries.cli", "itertrace.queries.mapping_cli",
@@ -39,39 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM (a `kill`, a job scheduler's time limit), raised where the program is, as Ctrl-C is: the
-    commands clean up as they do on Ctrl-C (no half-written run directory is left)."""
-
-
-class _Signals:
-    """The signal this command received, if any.
-
-    A signal raises where the program is, and what it breaks may surface as another error: DuckDB turns
-    it into its own (Query interrupted) and an Arrow stream read inside a DuckDB scan into a failed scan.
-    Whatever ends the command after a signal is reported as that signal, 130 or 143."""
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-
-    def handle(self, signum: int, frame: object) -> None:
-        self.received = signum
-        raise _Terminated if signum == signal.SIGTERM else KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
-    on_main_thread = threading.current_thread() is threading.main_thread()  # where signals are handled
-    signals = _Signals()
-    before = {signum: signal.signal(signum, signals.handle) for signum in (signal.SIGTERM, signal.SIGINT)} \
-        if on_main_thread else {}
-    try:
+    with Signals().installed() as signals:
         return _main(argv, signals)
-    finally:
-        for signum, handler in before.items():
-            signal.signal(signum, handler)
 
 
-def _main(argv: list[str] | None, signals: _Signals) -> int:
+def _main(argv: list[str] | None, signals: Signals) -> int:
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)

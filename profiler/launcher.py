@@ -13,6 +13,8 @@ from contextlib import AbstractContextManager
 import torch
 from torch import Tensor
 
+from itertrace.interrupts import deferred
+
 GIL_SWITCH_S = 0.0005  # while a device thread lives: see Launcher._start_thread
 
 
@@ -146,4 +148,5 @@ def _stop(jobs: queue.SimpleQueue, thread: threading.Thread) -> None:
     """End the device thread and wait for it: one still running while the interpreter shuts down aborts it."""
     jobs.put(None)
     if thread is not threading.current_thread():  # a collection on the device thread itself
-        thread.join()
+        with deferred():  # see itertrace.interrupts: a join a signal broke into leaves the thread running
+            thread.join()

@@ -65,6 +65,89 @@ def test_a_signal_while_a_source_streams_into_duckdb(big_export, tmp_path, signu
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.duckdb"]
 
 
+# `itertrace ingest` that sends itself a signal at a moment chosen exactly, whatever the machine's speed:
+# - stream:N, as the Arrow stream Python feeds DuckDB hands over its Nth batch (a run directory's tables),
+#   inside DuckDB's scan, on the main thread or one of DuckDB's;
+# - phase:N, as the ingest of an export starts its Nth phase (plain Python on the main thread);
+# - nesting:start / nesting:end, from the thread that nests the ranges, once the ingest waits for it,
+#   before and after its work; nesting:meanwhile, from that thread at its start, while the ingest runs
+#   its other statements.
+_SIGNAL_AT = """
+import os, sys, threading
+from itertrace import cli
+from itertrace.ingest import background, normalize
+from itertrace.ingest.progress import Progress
+
+moment, signum = sys.argv[1], int(sys.argv[2])
+kind, _, at = moment.partition(":")
+count = 0
+
+def signal_at(wanted):
+    global count
+    if kind == wanted:
+        count += 1
+        if count == int(at):
+            os.kill(os.getpid(), signum)
+
+advance, phase = Progress.advance, Progress.phase
+Progress.advance = lambda self, rows, label: (advance(self, rows, label), signal_at("stream"))
+Progress.phase = lambda self, label: (phase(self, label), signal_at("phase"))
+
+waiting, wait, nest = threading.Event(), background.SideJob.wait, normalize.create_range_nesting
+
+def wait_noted(self):
+    waiting.set()
+    wait(self)
+
+def nest_then_signal(con, table, cancel):
+    if at == "start" or at == "end":
+        waiting.wait()
+    if at != "end":
+        os.kill(os.getpid(), signum)
+    nest(con, table, cancel)
+    if at == "end":
+        os.kill(os.getpid(), signum)
+
+if kind == "nesting":
+    background.SideJob.wait = wait_noted
+    normalize.create_range_nesting = nest_then_signal
+sys.exit(cli.main(sys.argv[3:]))
+"""
+_MOMENTS = ["stream:1", "stream:10", "stream:18", "phase:1", "phase:5", "phase:8", "phase:10", "nesting:start",
+            "nesting:end", "nesting:meanwhile"]
+
+
+@pytest.fixture(scope="module")
+def moment_sources(tmp_path_factory) -> dict[str, Path]:
+    """A run directory whose tables stream in 18 batches (iterations 1, events 16, requests 1) and an export
+    whose ingest has 10 phases."""
+    folder = tmp_path_factory.mktemp("moments")
+    run = folder / "run"
+    subprocess.run([sys.executable, "-m", "itertrace.cli", "run", "--workload", "synthetic", "--num-requests", "4000",
+                    "--output-len", "256", "--rate", "200", "--out", str(run)], check=True, capture_output=True)
+    return {"stream": run, "phase": export(folder / "export.arrow", rows=1_000_000),
+            "nesting": export(folder / "nesting.arrow", rows=1_000_000)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", _MOMENTS)
+def test_a_signal_at_any_moment_of_the_ingest(moment_sources, tmp_path, moment):
+    """Wherever the signal's handler runs (inside a scan that calls back into Python, in plain Python, while
+    the ingest waits for a thread), the command stops with the signal's status and leaves nothing; it does
+    not abort (as it did when a signal broke into the wait for the nesting thread, which then ran on
+    inside DuckDB while Python shut down)."""
+    signum = (signal.SIGTERM, signal.SIGINT)[_MOMENTS.index(moment) % 2]
+    db = tmp_path / "trace.duckdb"
+    before = an_old_database(db)
+    source = moment_sources[moment.partition(":")[0]]
+    done = subprocess.run([sys.executable, "-c", _SIGNAL_AT, moment, str(int(signum)), "ingest", str(source), "--db",
+                           str(db), "--quiet"], capture_output=True, text=True, timeout=600)
+    status, line = STATUS[signum]
+    assert (done.returncode, done.stderr.strip().splitlines()) == (status, [line]), done.stderr
+    assert db.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.duckdb"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 @pytest.mark.parametrize("out", [False, True], ids=["stdout", "--out"])
