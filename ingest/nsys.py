@@ -218,18 +218,42 @@ def _run_nsys(args: list[str], env: Mapping[str, str] | None, log: TextIO | None
 
 
 def wait_for_agent(nsys_pid: int, timeout_s: float = AGENT_TIMEOUT_S) -> None:
-    """Return once the agent that `nsys profile` (process `nsys_pid`) started has exited, killing it after
+    """Return once the agent that `nsys profile` (process `nsys_pid`) started has ended, killing it after
     `timeout_s`.
 
     The agent (`nsys --start-agent --session-name=profile-...-PID`) leaves nsys's process tree (its
     parent is init) and writes the capture's .qdstrm, tens of MB, after the nsys command itself has
-    ended, most of all when that command was stopped by a signal."""
+    ended, most of all when that command was stopped by a signal. It has ended once it runs no code of
+    its own: its process is gone, or is a zombie whose status its parent has yet to collect. An exiting
+    process already reads an empty command line, so each agent is found once and then followed by its
+    PID and start time (a PID used again later names another process)."""
+    agents = {pid: started for pid in _agents(nsys_pid) if (started := _start_time(pid)) is not None}
     deadline = time.monotonic() + timeout_s
-    while (agents := _agents(nsys_pid)) and time.monotonic() < deadline:
+    while (running := [pid for pid, started in agents.items() if _runs(pid, started)]) and time.monotonic() < deadline:
         time.sleep(0.1)
-    for pid in agents:
+    for pid in running:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command's name (state first), or None if there is no such process."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()
+
+
+def _start_time(pid: int) -> int | None:
+    fields = _stat(pid)
+    return int(fields[19]) if fields else None  # field 22 of stat: clock ticks since boot
+
+
+def _runs(pid: int, started: int) -> bool:
+    """Whether process `pid`, started at `started`, still runs: not gone, not a zombie, not another process."""
+    fields = _stat(pid)
+    return fields is not None and int(fields[19]) == started and fields[0] not in ("Z", "X")
 
 
 def _agents(nsys_pid: int) -> list[int]:

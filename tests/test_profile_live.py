@@ -311,24 +311,53 @@ def _cmdline(path: Path) -> str:
         return ""
 
 
-def test_profile_waits_for_the_agent_nsys_left_behind():
+def test_profile_waits_for_the_agent_nsys_left_behind(monkeypatch):
     """nsys's agent runs outside nsys's process tree and goes on writing the capture after nsys has ended:
-    wait_for_agent returns only once the agent of that nsys session has exited."""
-    from itertrace.ingest.nsys import wait_for_agent
+    wait_for_agent returns only once the agent of that nsys session has ended (gone, or a zombie whose
+    status `poll` collects), and leaves another session's agent alone."""
+    from itertrace.ingest import nsys
 
     fake_nsys_pid = 4_000_000 + os.getpid() % 100_000  # above any real PID here: no real agent has it
-    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)", "--start-agent",
-                              f"--session-name=profile-python3-{fake_nsys_pid}"])
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--start-agent",
-                              f"--session-name=profile-python3-1{fake_nsys_pid}"])  # another session's
+    # The agent runs until its stdin closes, which happens once wait_for_agent has found it and waits:
+    # no moment of this test depends on how fast the machine is.
+    agent = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "--start-agent",
+                              f"--session-name=profile-python3-{fake_nsys_pid}"], stdin=subprocess.PIPE)
+    other = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "--start-agent",
+                              f"--session-name=profile-python3-1{fake_nsys_pid}"], stdin=subprocess.PIPE)
+    waits = []
+
+    def sleep(seconds: float) -> None:  # wait_for_agent's pause between two looks at the agent
+        waits.append(seconds)
+        if len(waits) == 1:
+            agent.stdin.close()
+
     try:
-        deadline = time.monotonic() + 60
-        while f"-{fake_nsys_pid}" not in _cmdline(Path(f"/proc/{agent.pid}/cmdline")):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        wait_for_agent(fake_nsys_pid)
-        assert agent.poll() is not None and other.poll() is None
+        while nsys._agents(fake_nsys_pid) != [agent.pid]:  # until its command line shows
+            assert agent.poll() is None
+            time.sleep(0.01)
+        monkeypatch.setattr(nsys.time, "sleep", sleep)
+        nsys.wait_for_agent(fake_nsys_pid)
+        assert waits and agent.poll() is not None and other.poll() is None
     finally:
         for proc in (agent, other):
             proc.kill()
             proc.wait()
+
+
+def test_an_agent_is_followed_by_pid_and_start_time():
+    """A process found as the agent runs while its PID names the process that started then; a PID used
+    again by a later process, or a zombie, does not run."""
+    from itertrace.ingest import nsys
+
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        started = nsys._start_time(proc.pid)
+        assert nsys._runs(proc.pid, started) and not nsys._runs(proc.pid, started + 1)
+        proc.stdin.close()
+        while nsys._stat(proc.pid)[0] != "Z":  # it exits; its status is not collected yet
+            time.sleep(0.01)
+        assert not nsys._runs(proc.pid, started) and proc.poll() == 0
+        assert nsys._start_time(proc.pid) is None and not nsys._runs(proc.pid, started)
+    finally:
+        proc.kill()
+        proc.wait()
