@@ -12,6 +12,7 @@ from itertrace.errors import UserError
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `report` subcommand (and `export`, from perfetto_cli)."""
     from itertrace.dashboards import perfetto_cli
+    from itertrace.queries.cli import add_memory_limit
 
     perfetto_cli.register(subparsers)
     parser = subparsers.add_parser(
@@ -34,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="a query parameter for every database, e.g. preset=generic and "
                              "step_pattern='^decode_step_\\d+$' for another program's trace (repeatable)")
     parser.add_argument("--quiet", action="store_true", help="print nothing on success")
+    add_memory_limit(parser)
     parser.set_defaults(func=run)
 
 
@@ -51,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"-o {args.out}: is one of the --db databases; write the report to another file")
     out = replaceable(args.out, Kind.REPORT, "-o")  # before the seconds a report takes
     remove_leftovers(out)
-    report = build_report(args.db, args.label, title=args.title, params=parse_params(args.param))
+    report = build_report(args.db, args.label, title=args.title, params=parse_params(args.param),
+                          memory_limit=args.memory_limit)
     try:
         written = write_report(report, out, png_dir=args.png)
     except OSError as exc:

@@ -21,7 +21,7 @@ __all__ = ["Block", "ChartBlock", "NoteBlock", "Report", "Section", "TableBlock"
 
 
 def build_report(dbs: Sequence[str | Path], labels: Sequence[str] | None = None, *, title: str | None = None,
-                 params: dict[str, str] | None = None) -> Report:
+                 params: dict[str, str] | None = None, memory_limit: str | None = None) -> Report:
     """The report of one database, or the comparison of several (labelled by `labels`, else from their runs).
 
     `params` are the query library's parameters for every database, e.g. the generic mapping's.
@@ -30,7 +30,7 @@ def build_report(dbs: Sequence[str | Path], labels: Sequence[str] | None = None,
         raise UserError("report: give at least one --db FILE")
     if labels and len(labels) != len(dbs):
         raise UserError(f"report: {len(labels)} --label for {len(dbs)} --db; give one label per database, in order")
-    runs = _open(dbs, labels, params or {})
+    runs = _open(dbs, labels, params or {}, memory_limit)
     try:
         names = " vs ".join(r.label for r in runs) if len(runs) <= 2 else f"{len(runs)} runs compared"
         mappings = tuple((f"{r.label}: " if len(runs) > 1 else "") + r.mapping_note for r in runs if r.mapping_note)
@@ -42,12 +42,13 @@ def build_report(dbs: Sequence[str | Path], labels: Sequence[str] | None = None,
             run.db.close()
 
 
-def _open(dbs: Sequence[str | Path], labels: Sequence[str] | None, params: dict[str, str]) -> list[RunData]:
+def _open(dbs: Sequence[str | Path], labels: Sequence[str] | None, params: dict[str, str],
+          memory_limit: str | None = None) -> list[RunData]:
     """Each database opened with the query library, with what it holds and its run's label."""
     runs: list[RunData] = []
     try:
         for path in dbs:
-            db = QueryDB(path, params)
+            db = QueryDB(path, params, memory_limit=memory_limit)
             if len(db.missing) == len(SOURCE_TABLES):
                 db.close()
                 raise UserError(f"{path}: {NOT_INGESTED}; nothing to report")

@@ -7,6 +7,7 @@ query that needs a missing table is a UserError naming the table and where it co
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -24,11 +25,14 @@ _ERROR_KIND = re.compile(r"^[\w ]+ Error: ")  # DuckDB's "Binder Error: " before
 _CREATE = re.compile(r"^CREATE (MACRO|VIEW) ", re.IGNORECASE | re.MULTILINE)
 
 
-def connect(db: str | Path, *, read_only: bool = True) -> duckdb.DuckDBPyConnection:
-    """A connection to an existing DuckDB file; a missing, foreign or locked file is a UserError."""
+def connect(db: str | Path, *, read_only: bool = True, writable: tuple[Path, ...] = (),
+            memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
+    """A connection to an existing DuckDB file, locked down (`lock_down`) before anything reads it; a missing,
+    foreign or locked file is a UserError."""
     path = Path(db)
     if not path.is_file():
         raise UserError(f"{path}: no such database (make one with `itertrace ingest SOURCE... --db {path}`)")
+    limit = check_memory_limit(memory_limit)
     try:
         con = duckdb.connect(str(path), read_only=read_only)
     except duckdb.Error as exc:
@@ -37,23 +41,65 @@ def connect(db: str | Path, *, read_only: bool = True) -> duckdb.DuckDBPyConnect
             raise UserError(f"{path}: open {how}in process {held.group(2)} ({held.group(1)}); close it there "
                             "first") from None
         raise UserError(f"{path}: not a DuckDB database this duckdb can open ({_first_line(exc)})") from None
-    quiet_progress(con)  # DuckDB's bar would land in the rows written to stdout
+    try:
+        lock_down(con, writable, limit)
+    except BaseException:
+        con.close()
+        raise
     return con
 
 
-def confine(con: duckdb.DuckDBPyConnection, writable: list[Path] | tuple[Path, ...] = ()) -> None:
-    """Hold `con` to what `itertrace sql` may do: read its database, write only the files in `writable`.
+def lock_down(con: duckdb.DuckDBPyConnection, writable: tuple[Path, ...], memory_limit: str) -> None:
+    """Hold `con` to reading its database and writing only the files in `writable`, within `memory_limit`.
 
-    No other file is read or written (no COPY TO, EXPORT DATABASE, ATTACH or read_csv of a path), no
-    extension is installed or loaded (so no network: httpfs is one), and the configuration is locked
-    (no statement can undo this). The views and parameters are installed first; DuckDB may still spill
-    to its temporary directory. Irreversible for the connection.
+    A database may come from anyone, and its views are SQL of its author's: this runs before any statement
+    touches them. No other file is read or written (no read_text or read_csv of a path, no COPY TO, EXPORT
+    DATABASE or ATTACH), no extension is installed or loaded (so no network: httpfs is one), and the
+    configuration is locked, so that no statement undoes this. DuckDB may still spill to its temporary
+    directory beside the database. Irreversible for the connection.
     """
+    quiet_progress(con)  # DuckDB's bar would land in the rows written to stdout
+    prefer_sort_based_joins(con)
+    con.execute(f"SET memory_limit = '{memory_limit}'")
     con.execute("SET autoinstall_known_extensions = false")
     con.execute("SET autoload_known_extensions = false")
     con.execute("SET allowed_paths = ?", [[str(path) for path in writable]])
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
+
+
+def default_memory_limit() -> str:
+    """Half the machine's memory, at most 4 GB: DuckDB's own default, 80%, let one ad-hoc statement take
+    19.6 GB of a 24 GB machine before it failed. Past the limit DuckDB spills sorts, joins and
+    aggregates to disk; what it cannot spill fails with a message that names the limit."""
+    try:
+        half = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (OSError, ValueError):
+        half = 4 << 30
+    return f"{min(half, 4 << 30) >> 20}MiB"
+
+
+def check_memory_limit(limit: str | None) -> str:
+    """`limit` (or the default) as DuckDB takes it; a UserError for one that is not a size or too small."""
+    from itertrace.ingest.api import MIN_MEMORY_LIMIT, memory_bytes
+
+    if limit is None:
+        return default_memory_limit()
+    size = memory_bytes(limit)
+    if size is None:
+        raise UserError(f"--memory-limit {limit}: not a size, such as 512MB or 2GB")
+    if size < MIN_MEMORY_LIMIT:
+        raise UserError(f"--memory-limit {limit}: below the {MIN_MEMORY_LIMIT >> 20} MiB DuckDB needs at least")
+    return f"{size}B"
+
+
+def out_of_memory(exc: BaseException, limit: str | None) -> str | None:
+    """One line for a statement that ran out of memory under `limit` (None: the default); None for other errors."""
+    if not isinstance(exc, duckdb.OutOfMemoryException):
+        return None
+    given = f"--memory-limit {limit}" if limit else f"the default --memory-limit {default_memory_limit()}"
+    return (f"the statement ran out of memory under {given} ({_ERROR_KIND.sub('', _first_line(exc))}); give it "
+            "more with --memory-limit")
 
 
 # Why a database holds none of SOURCE_TABLES, for the commands that refuse it.
@@ -65,11 +111,14 @@ class QueryDB:
     """A database with the query library installed: `db.query("host_gaps")` returns an Arrow table."""
 
     def __init__(self, db: str | Path, params: dict[str, str] | None = None, *,
-                 con: duckdb.DuckDBPyConnection | None = None) -> None:
+                 con: duckdb.DuckDBPyConnection | None = None, writable: tuple[Path, ...] = (),
+                 memory_limit: str | None = None) -> None:
         self.path = Path(db)
-        self.con = con if con is not None else connect(self.path)
+        self.memory_limit = memory_limit
+        if con is not None:  # the caller's own connection, as it is: the caller trusts what it holds
+            prefer_sort_based_joins(con)
+        self.con = con if con is not None else connect(self.path, writable=writable, memory_limit=memory_limit)
         try:
-            prefer_sort_based_joins(self.con)
             try:
                 self.missing = install(self.con)
             except UserError as exc:
@@ -134,7 +183,11 @@ class QueryDB:
         try:
             return self.con.sql(text).to_arrow_table()
         except duckdb.Error as exc:
-            raise UserError(_explain(exc, self.missing, self.path)) from None
+            raise UserError(self.explain(exc)) from None
+
+    def explain(self, exc: duckdb.Error) -> str:
+        """One line for a statement that failed here."""
+        return out_of_memory(exc, self.memory_limit) or _explain(exc, self.missing, self.path)
 
 
 def install(con: duckdb.DuckDBPyConnection, *, persist: bool = False) -> dict[str, str]:

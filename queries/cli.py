@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,11 +18,12 @@ from itertrace.queries.catalog import all_params, modules, queries
 # (nor for --list and --describe, which read only the SQL files).
 if TYPE_CHECKING:
     from itertrace.queries.api import QueryDB
+    from itertrace.queries.output import Output
 
 FORMATS = ("table", "csv", "json", "parquet")  # itertrace.queries.output.FORMATS (a test checks they agree)
 CONTRACT = ("`itertrace query` and `sql` read only their database and write only the file --out names: no other "
             "file, no extension, no network, no setting changed; see queries/README.md")
-# How DuckDB says that a statement went past the contract (queries.api.confine).
+# How DuckDB says that a statement went past the contract (queries.api.lock_down).
 _CONFINED = re.compile(r"disabled by configuration|disabled through configuration|configuration has been locked")
 
 
@@ -58,6 +61,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, metavar="FILE", help="write to FILE instead of standard output")
     parser.add_argument("--max-rows", type=at_least(0), default=40, metavar="N",
                         help="rows the table format shows on a terminal (default %(default)s)")
+    add_memory_limit(parser)
+
+
+def add_memory_limit(parser: argparse.ArgumentParser) -> None:
+    """The --memory-limit option of the commands that open a database to read it."""
+    parser.add_argument("--memory-limit", metavar="SIZE",
+                        help="most memory DuckDB may use, e.g. 2GB; past it, it spills to disk or the statement "
+                             "fails saying so (default: half this machine's memory, at most 4 GB)")
 
 
 def run_query(args: argparse.Namespace) -> int:
@@ -82,11 +93,9 @@ def run_query(args: argparse.Namespace) -> int:
         if name not in takes:
             raise UserError(f"query {args.name} takes no parameter {name!r} "
                             f"(it takes: {', '.join(sorted(takes)) or 'none'})")
-    from itertrace.queries.api import QueryDB  # DuckDB: only once a database is to be opened
-
-    with QueryDB(_db(args), params) as db:
+    with _opened(args, params) as (db, out):
         db.check(args.name)
-        rows = _write(db, f"SELECT * FROM {args.name}", args)
+        rows = _write(db, f"SELECT * FROM {args.name}", out, args)
         if query.uses_mapping and db.mapping_choice:  # preset=auto: say which mapping it chose
             print(f"itertrace: note: {db.mapping_choice.note}", file=sys.stderr)
         note = db.mapping_note() if not rows and "nvtx_ranges" in query.tables else None
@@ -97,9 +106,7 @@ def run_query(args: argparse.Namespace) -> int:
 
 
 def run_sql(args: argparse.Namespace) -> int:
-    from itertrace.queries.api import QueryDB
-
-    import duckdb
+    import duckdb  # only once a database is to be opened
 
     statement = args.statement.strip().rstrip(";")
     if bad := _not_utf8(statement):
@@ -112,8 +119,8 @@ def run_sql(args: argparse.Namespace) -> int:
         count = 1  # a syntax error: DuckDB says where when the statement runs
     if count > 1:
         raise UserError(f"sql: {count} statements given; give one (one `itertrace sql` per statement)")
-    with QueryDB(_db(args), parse_params(args.param)) as db:
-        rows = _write(db, statement, args)
+    with _opened(args, parse_params(args.param)) as (db, out):
+        rows = _write(db, statement, out, args)
     _done(rows, args.out)
     return 0
 
@@ -166,30 +173,36 @@ def _install(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write(db: QueryDB, sql: str, args: argparse.Namespace) -> int:
-    """Write the statement's rows as asked, the connection confined to reading the database (and writing
-    --out's file; see queries/README.md)."""
+@contextlib.contextmanager
+def _opened(args: argparse.Namespace, params: dict[str, str]) -> Iterator[tuple[QueryDB, Output]]:
+    """The output --format and --out ask for, then the database, opened read-only and locked down to
+    reading itself and writing that output (see queries/README.md)."""
+    from itertrace.queries.api import QueryDB
+    from itertrace.queries.output import output
+
+    db = _db(args)
+    if args.out is not None and args.out.resolve() == db.resolve():
+        raise UserError(f"--out {args.out}: is the database itself; write the rows to another file")
+    with output(args.format, args.out) as out, \
+            QueryDB(db, params, writable=out.writable, memory_limit=args.memory_limit) as opened:
+        yield opened, out
+
+
+def _write(db: QueryDB, sql: str, out: Output, args: argparse.Namespace) -> int:
+    """Write the statement's rows to `out`; a failed statement is one line."""
+    import duckdb
+
     from itertrace.interrupts import interruptible
-    from itertrace.queries.api import confine
     from itertrace.queries.output import write
 
-    if args.out is not None and args.out.resolve() == db.path.resolve():
-        raise UserError(f"--out {args.out}: is the database itself; write the rows to another file")
     try:
         with interruptible(db.con):
-            return write(db.con, sql, args.format, args.out, max_rows=args.max_rows,
-                         before_run=lambda writable: confine(db.con, writable))
-    except UserError:
-        raise
-    except Exception as exc:  # a DuckDB error while running the statement
-        import duckdb
-        if isinstance(exc, duckdb.Error):
-            from itertrace.queries.api import _explain
-            line = _explain(exc, db.missing, db.path)
-            if _CONFINED.search(line):
-                line += f" ({CONTRACT})"
-            raise UserError(line) from None
-        raise
+            return write(db.con, sql, out, max_rows=args.max_rows)
+    except duckdb.Error as exc:
+        line = db.explain(exc)
+        if _CONFINED.search(line):
+            line += f" ({CONTRACT})"
+        raise UserError(line) from None
 
 
 def _db(args: argparse.Namespace) -> Path:

@@ -17,6 +17,8 @@ _SHOWN = {"rank": "{}", "name": "{}", "domain": "{}", "ranges": "{:,}", "threads
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `mapping` subcommand."""
+    from itertrace.queries.cli import add_memory_limit
+
     mapping = subparsers.add_parser(
         "mapping", help="find which NVTX ranges of a capture are one iteration (mapping suggest)",
         description="Which NVTX ranges of a capture map its iterations for the queries and the report.")
@@ -33,13 +35,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     suggest.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
     suggest.add_argument("--limit", type=at_least(1), default=5, metavar="N",
                          help="candidates to show (default %(default)s)")
+    add_memory_limit(suggest)
     suggest.set_defaults(func=run_suggest)
 
 
 def run_suggest(args: argparse.Namespace) -> int:
     from itertrace.queries.api import QueryDB  # DuckDB: only once a database is to be opened
 
-    with QueryDB(args.db) as db:
+    with QueryDB(args.db, memory_limit=args.memory_limit) as db:
         if "nvtx_ranges" in db.missing:
             raise UserError(f"{args.db}: no NVTX ranges in this database (they come from an Nsight Systems capture: "
                             "itertrace ingest REPORT.nsys-rep --db FILE)")

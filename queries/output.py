@@ -8,12 +8,14 @@ of query output (itertrace.targets).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -28,46 +30,68 @@ _BATCH_ROWS = 8192
 COUNT_AT_MOST = 100_000  # rows counted past those a terminal's table shows
 
 
-def write(con: duckdb.DuckDBPyConnection, sql: str, fmt: str, out: Path | None, *, max_rows: int | None,
-          stdout: TextIO | None = None, before_run: Callable[[list[Path]], None] | None = None) -> int:
-    """Run `sql` and write its rows in `fmt` to `out` (or stdout); returns the number of rows.
+@dataclass(frozen=True)
+class Output:
+    """Where a statement's rows go: `target` (None: standard output) in `fmt`; `file` is what DuckDB itself
+    writes (by COPY), the only path a confined connection may write (see itertrace.queries.api.connect)."""
 
-    `before_run(paths)` is called with the files DuckDB itself will write, just before the statement runs
-    (`itertrace sql` confines the connection to them)."""
-    stdout = stdout or sys.stdout
+    fmt: str
+    target: Path | None
+    file: Path | None
+
+    @property
+    def writable(self) -> tuple[Path, ...]:
+        return (self.file,) if self.file is not None and self.fmt != "table" else ()
+
+
+@contextlib.contextmanager
+def output(fmt: str, out: Path | None) -> Iterator[Output]:
+    """The output for `fmt` and `out`, checked and prepared before any database is opened: `out` may be
+    absent or a file of query output (itertrace.targets); the hidden file beside it, or a temporary
+    folder for CSV or JSON on standard output, is removed when the block ends."""
     if fmt not in FORMATS:
         raise UserError(f"unknown format {fmt!r}; formats: {', '.join(FORMATS)}")
     if fmt == "parquet" and out is None:
         raise UserError("--format parquet needs --out FILE")
-    before_run = before_run or (lambda paths: None)
     if out is None:
         if fmt == "table":
-            before_run([])
-            return _table(con, sql, stdout, max_rows)
+            yield Output(fmt, None, None)
+            return
         with tempfile.TemporaryDirectory() as folder:
-            tmp = Path(folder) / f"rows.{fmt}"
-            before_run([tmp])
-            count = _copy(con, sql, fmt, tmp)
-            with tmp.open() as f:
-                shutil.copyfileobj(f, stdout)
-            if fmt == "json":
-                stdout.write("\n")
-        return count
+            yield Output(fmt, None, Path(folder) / f"rows.{fmt}")
+        return
     out = replaceable(out, Kind.ROWS, "--out")
     remove_leftovers(out)
     tmp = hidden_file(out, "tmp")
     try:
+        yield Output(fmt, out, tmp)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write(con: duckdb.DuckDBPyConnection, sql: str, output: Output, *, max_rows: int | None,
+          stdout: TextIO | None = None) -> int:
+    """Run `sql` and write its rows as `output` says; returns the number of rows."""
+    stdout = stdout or sys.stdout
+    fmt, out, tmp = output.fmt, output.target, output.file
+    if out is None:
         if fmt == "table":
-            before_run([])
+            return _table(con, sql, stdout, max_rows)
+        count = _copy(con, sql, fmt, tmp)
+        with tmp.open() as f:
+            shutil.copyfileobj(f, stdout)
+        if fmt == "json":
+            stdout.write("\n")
+        return count
+    try:
+        if fmt == "table":
             with tmp.open("w") as f:
                 count = _table(con, sql, f, None, spill=out)
         else:
             tmp.unlink()  # DuckDB makes the file itself
-            before_run([tmp])
             count = _copy(con, sql, fmt, tmp)
         os.replace(tmp, out)
     except BaseException as exc:
-        tmp.unlink(missing_ok=True)
         if why := write_failure(exc):
             raise UserError(f"--out {out}: cannot write it ({why}); nothing was written") from None
         raise
