@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 from itertrace.dashboards.perfetto_tracks import EVENT_MACROS, gap_tracks, host_tracks, request_tracks
-from itertrace.errors import UserError, no_folder_for
+from itertrace.errors import UserError
 from itertrace.queries.api import QueryDB
+from itertrace.targets import TIMELINE_MARK, Kind, hidden_file, remove_leftovers, replaceable
 
 DEFAULT_ITERATIONS = 1000
 BATCH_ROWS = 50_000
@@ -57,22 +58,25 @@ class Exported:
 
 
 def export_perfetto(db: str | Path, out: str | Path, *, first: int | None = None, last: int | None = None,
-                    params: dict[str, str] | None = None) -> Exported:
-    """Write `db`'s timeline to `out` (.json, or gzipped .json.gz), iterations `first`..`last`."""
+                    params: dict[str, str] | None = None, memory_limit: str | None = None) -> Exported:
+    """Write `db`'s timeline to `out` (.json, or gzipped .json.gz), iterations `first`..`last`.
+
+    `out` may be absent or a timeline this export wrote; anything else there (a Kineto trace, the
+    database, a settings file) is refused before any work."""
     out = Path(out)
     if not out.name.endswith((".json", ".json.gz")):
         raise UserError(f"-o {out}: name the file .json or .json.gz")
-    if why := no_folder_for(out):
-        raise UserError(f"-o {out}: {why}")
     if out.exists() and out.resolve() == Path(db).resolve():
         raise UserError(f"-o {out}: is the --db database; write the timeline to another file")
-    with QueryDB(db, params) as qdb:
+    out = replaceable(out, Kind.TIMELINE, "-o")
+    remove_leftovers(out)
+    with QueryDB(db, params, memory_limit=memory_limit) as qdb:
         if "nvtx_ranges" not in qdb.missing:
             qdb.sql("SELECT * FROM mapping")  # an incomplete mapping fails here, in one line
         window = _window(qdb, first, last)
         for macro in EVENT_MACROS:
             qdb.con.execute(macro)
-        partial = out.with_name(f".{out.name}.{os.getpid()}.partial")
+        partial = hidden_file(out, "tmp")
         try:
             with (gzip.open(partial, "wb", compresslevel=6) if out.name.endswith(".gz") else open(partial, "wb")) as sink:
                 events = _write(qdb, window, sink, _top_level(qdb, window))
@@ -120,17 +124,18 @@ def _top_level(qdb: QueryDB, window: Window) -> dict:
         base = qdb.con.execute("SELECT min(session_start_utc_ns) FROM capture_meta").fetchall()[0][0]
     elif "run_meta" not in qdb.missing:
         base = qdb.con.execute("SELECT min(clock_epoch_unix_ns) FROM run_meta").fetchall()[0][0]
-    top: dict = {"displayTimeUnit": "ns"}
+    top: dict = {"otherData": {TIMELINE_MARK: {"database": str(qdb.path.resolve()), "window": window.describe(),
+                                               "first_iteration": window.first, "last_iteration": window.last}},
+                 "displayTimeUnit": "ns"}
     if base is not None:
         top["baseTimeNanoseconds"] = base
-    top["otherData"] = {"itertrace_export": {"database": str(qdb.path.resolve()), "window": window.describe(),
-                                             "first_iteration": window.first, "last_iteration": window.last}}
     return top
 
 
 def _write(qdb: QueryDB, window: Window, sink: BinaryIO, top: dict) -> int:
-    """Every track's events into `sink` as one JSON object; the number of events written."""
-    sink.write(b'{"traceEvents": [\n')
+    """Every track's events into `sink` as one JSON object, the keys of `top` first (so that the file's
+    head says who wrote it: itertrace.targets.Kind.TIMELINE); the number of events written."""
+    sink.write(json.dumps(top)[:-1].encode() + b', "traceEvents": [\n')
     written = 0
     bounds = {"start": window.start_ns, "end": window.end_ns}
     for sql in (*host_tracks(qdb.missing), *gap_tracks(qdb.missing), *request_tracks(qdb.missing)):
@@ -141,5 +146,5 @@ def _write(qdb: QueryDB, window: Window, sink: BinaryIO, top: dict) -> int:
             if lines:
                 sink.write(((",\n" if written else "") + ",\n".join(lines)).encode())
                 written += len(lines)
-    sink.write(b"\n],\n" + json.dumps(top)[1:].encode() + b"\n")
+    sink.write(b"\n]}\n")
     return written

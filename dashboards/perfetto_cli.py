@@ -17,6 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                    description="Write a database made by `itertrace ingest` in another tool's format.")
     formats = export.add_subparsers(dest="format", metavar="FORMAT")
     formats.required = True
+    from itertrace.queries.cli import add_memory_limit
+
     default = DEFAULT_ITERATIONS
     p = formats.add_parser(
         "perfetto", help="Chrome-trace JSON for ui.perfetto.dev and chrome://tracing",
@@ -37,6 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="a query parameter for the mapping, e.g. preset=generic and step_pattern='^ProfilerStep#\\d+$' "
                         "(repeatable)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    add_memory_limit(p)
     p.set_defaults(func=run)
 
 
@@ -47,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     written = export_perfetto(args.db, args.out, first=args.from_iteration, last=args.to_iteration,
-                              params=parse_params(args.param))
+                              params=parse_params(args.param), memory_limit=args.memory_limit)
     if not args.quiet:
         window = written.window
         cut = (f"; the default window is the first {DEFAULT_ITERATIONS:,}, set --from-iteration/--to-iteration"

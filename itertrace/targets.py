@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import enum
 import errno
+import gzip
 import io
 import os
 import re
@@ -27,6 +28,7 @@ from itertrace.errors import UserError, no_folder_for
 # and a tag such as ".ingest.wal" or ".abcd1234.work".
 HIDDEN_NAME_EXTRA = len("..4194304.") + len("abcd1234.ingest.wal")
 _HEAD_BYTES = 65_536
+TIMELINE_MARK = "itertrace_export"  # the key in otherData, first in an exported timeline, that says who wrote it
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG,
                  errno.EFBIG, errno.EIO, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ETXTBSY}
 # How DuckDB words the same failures inside its own messages.
@@ -40,6 +42,7 @@ class Kind(enum.Enum):
     DATABASE = "a DuckDB database"
     ROWS = "query output (a text table, CSV, JSON or Parquet file)"
     REPORT = "an itertrace HTML report"
+    TIMELINE = "a timeline `itertrace export perfetto` wrote"
 
 
 def replaceable(path: Path, kind: Kind, flag: str) -> Path:
@@ -89,6 +92,8 @@ def _check_name_length(path: Path, where: str) -> None:
 
 def is_kind(path: Path, kind: Kind) -> bool:
     """Whether the regular file `path` holds what a command writing `kind` writes."""
+    if kind is Kind.TIMELINE:
+        return _is_timeline(path)
     with path.open("rb") as f:
         head = f.read(_HEAD_BYTES)
         f.seek(max(0, path.stat().st_size - 8))
@@ -108,6 +113,19 @@ def is_kind(path: Path, kind: Kind) -> bool:
     if len(lines) > 1 and lines[1] and set(lines[1]) <= {"-", " "}:  # a text table's rule under its header
         return True
     return _csv_like(text, complete=len(head) < _HEAD_BYTES, named_csv=path.suffix.lower() == ".csv")
+
+
+def _is_timeline(path: Path) -> bool:
+    """A Chrome-trace JSON object (gzipped or not) whose first key is otherData with the export's mark in it;
+    another tool's trace (a Kineto file too) has traceEvents or other keys first."""
+    try:
+        with path.open("rb") as raw:
+            gzipped = raw.read(2) == b"\x1f\x8b"
+        with gzip.open(path, "rb") if gzipped else path.open("rb") as f:
+            head = f.read(4096)
+    except (OSError, EOFError):  # a gzip stream cut short or not gzip after all
+        return False
+    return head.startswith(b'{"otherData": {"' + TIMELINE_MARK.encode() + b'": {')
 
 
 def check_not_held(db: Path, flag: str = "--db") -> None:

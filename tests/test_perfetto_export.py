@@ -153,3 +153,32 @@ def test_bad_requests(tmp_path, capsys):
         assert main(["export", "perfetto", "--db", str(db), *argv]) == 2
         assert expected in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sim", "sim.duckdb"]
+
+
+def test_the_timeline_replaces_only_a_timeline_it_wrote(tmp_path, capsys):
+    """-o refuses any file the export did not write (a settings file, a Kineto trace such as `ingest` reads,
+    the database itself) and leaves it as it was; a timeline it wrote before is replaced."""
+    run = tmp_path / "sim"
+    assert main(["run", "--workload", "worked-example", "--capacity", "4", "--out", str(run), "--format", "json"]) == 0
+    db = tmp_path / "sim.duckdb"
+    ingest([run], db)
+    kineto = {"schemaVersion": 1, "traceEvents": [{"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7,
+                                                   "ts": 1.0, "dur": 2.0, "args": {"correlation": 1}}]}
+    targets = {"settings.json": b'{"theme": "dark", "fontSize": 14}\n',
+               "rank0.pt.trace.json.gz": gzip.compress(json.dumps(kineto).encode()),
+               "rank0.pt.trace.json": json.dumps(kineto).encode(),
+               "empty-looking.json": b'{"otherData": {}, "traceEvents": []}'}
+    for name, data in targets.items():
+        (tmp_path / name).write_bytes(data)
+    capsys.readouterr()
+    for name in [*targets, "sim.duckdb"]:
+        assert main(["export", "perfetto", "--db", str(db), "-o", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and str(tmp_path / name) in err[0], err
+        assert ("name the file .json" if name == "sim.duckdb" else "holds something other than a timeline") in err[0]
+    assert {name: (tmp_path / name).read_bytes() for name in targets} == targets
+    for name in ("again.json", "again.json.gz"):
+        assert main(["export", "perfetto", "--db", str(db), "-o", str(tmp_path / name), "--quiet"]) == 0
+        assert main(["export", "perfetto", "--db", str(db), "-o", str(tmp_path / name), "--quiet"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*targets, "sim", "sim.duckdb", "again.json",
+                                                                 "again.json.gz"])
