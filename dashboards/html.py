@@ -23,6 +23,7 @@ import vl_convert
 from itertrace import __version__ as version
 from itertrace.dashboards.blocks import ChartBlock, NoteBlock, Report, TableBlock
 from itertrace.errors import UserError, no_folder_for
+from itertrace.targets import Kind, replaceable
 
 # Applied to every chart of the page and every PNG: the chart functions leave configuration to the caller.
 CONFIG = {
@@ -220,8 +221,10 @@ def write_report(report: Report, out: str | Path, *, png_dir: str | Path | None 
         if folder.exists() and not folder.is_dir():
             raise UserError(f"{folder}: not a folder (--png needs a folder for the PNG files)")
         folder.mkdir(parents=True, exist_ok=True)
-        for i, (block, spec) in enumerate(zip(charts, specs), start=1):
-            path = folder / f"{i:02d}-{block.name}.png"
+        paths = [folder / f"{i:02d}-{block.name}.png" for i, block in enumerate(charts, start=1)]
+        for path in paths:  # all checked before any is written
+            replaceable(path, Kind.PNG, "--png")
+        for path, spec in zip(paths, specs):
             _write_atomically(path, vl_convert.vegalite_to_png(spec, vl_version=vl_version(), scale=png_scale))
             pngs.append(path)
     _write_atomically(out, page)

@@ -22,8 +22,10 @@ import signal
 import threading
 from collections.abc import Iterator
 from types import FrameType, TracebackType
+from typing import TYPE_CHECKING
 
-import duckdb
+if TYPE_CHECKING:  # the commands import this module to handle signals before any of them needs DuckDB
+    import duckdb
 
 HANDLED = (signal.SIGINT, signal.SIGTERM)
 
@@ -135,6 +137,8 @@ def interruptible(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
 def quiet_progress(con: duckdb.DuckDBPyConnection) -> None:
     """No DuckDB progress bar on `con`: the commands print their own, on stderr, and stdout carries rows.
     (In Jupyter without ipywidgets DuckDB refuses to change the setting; the bar is off there anyway.)"""
+    import duckdb
+
     try:
         con.execute("SET enable_progress_bar = false")
     except duckdb.Error:

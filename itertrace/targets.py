@@ -43,6 +43,8 @@ class Kind(enum.Enum):
     ROWS = "query output (a text table, CSV, JSON or Parquet file)"
     REPORT = "an itertrace HTML report"
     TIMELINE = "a timeline `itertrace export perfetto` wrote"
+    COST_MODEL = "a cost model `itertrace calibrate` wrote"
+    PNG = "a PNG image"
 
 
 def replaceable(path: Path, kind: Kind, flag: str) -> Path:
@@ -102,6 +104,10 @@ def is_kind(path: Path, kind: Kind) -> bool:
         return head[8:12] == b"DUCK"
     if kind is Kind.REPORT:
         return head.startswith(b"<!DOCTYPE html>") and b'<p class="meta">Made by itertrace' in head
+    if kind is Kind.PNG:
+        return head.startswith(b"\x89PNG\r\n\x1a\n")
+    if kind is Kind.COST_MODEL:
+        return re.match(rb'\{\s*"cost_model": \{', head) is not None
     if head.startswith(b"PAR1"):
         return tail.endswith(b"PAR1")
     if b"\x00" in head:

@@ -26,6 +26,7 @@ over the repeats: a burst of load from another process lands in one repeat and d
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, replace
 from itertools import combinations
 from pathlib import Path
@@ -33,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from itertrace.errors import UserError
+from itertrace.targets import hidden_file
 from itertrace.profiler.scheduler import Decision, Mode
 from itertrace.profiler.session import RunSpec, make_runner, run
 from itertrace.profiler.sim_runner import CostModel
@@ -159,7 +161,15 @@ def calibrate(spec: RunSpec, n: int = 24, repeats: int = 3) -> tuple[CostModel, 
 
 
 def save(cost: CostModel, stats: dict, spec: RunSpec, path: Path) -> None:
-    path.write_text(json.dumps({"cost_model": asdict(cost), "fit": stats, "model": asdict(spec.model)}, indent=2) + "\n")
+    """Write the cost model to `path` (its first key `cost_model`, which says who wrote it), whole or not at all."""
+    tmp = hidden_file(path, "tmp")
+    try:
+        tmp.write_text(json.dumps({"cost_model": asdict(cost), "fit": stats, "model": asdict(spec.model)},
+                                  indent=2) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def load(path: Path) -> CostModel:

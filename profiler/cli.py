@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from itertrace.argtypes import at_least
-from itertrace.errors import UserError, no_folder_for
+from itertrace.errors import UserError
+from itertrace.targets import Kind, remove_leftovers, replaceable
 
 # The engine (numpy, pyarrow) is imported by the commands that run it, not to build the parser:
 # `itertrace --help` and the other parts' commands do not pay for it.
@@ -367,12 +368,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     spec = replace(spec_from_args(args), runner="torch")
     if spec.overlap:
         raise UserError("--overlap: calibrate times iterations run one after the other; leave it out")
-    if args.out.is_dir():  # these before the minutes calibrating takes
-        raise UserError(f"--out {args.out}: is a folder; --out names the cost-model file")
-    if why := no_folder_for(args.out):
-        raise UserError(f"--out {args.out}: {why}")
+    out = replaceable(args.out, Kind.COST_MODEL, "--out")  # before the minutes calibrating takes
+    remove_leftovers(out)
     cost, stats = calibrate(spec)
-    save(cost, stats, spec, args.out)
+    save(cost, stats, spec, out)
     print(f"fixed {cost.fixed_ns / 1e6:.3f} ms + {cost.per_seq_ns / 1e3:.1f} us/sequence + "
           f"{cost.per_token_ns / 1e3:.2f} us/token + "
           f"{cost.per_context_token_ns:.1f} ns/context token (R^2 {stats['r2']:.3f}, "

@@ -256,6 +256,29 @@ def test_calibrate_warns_of_a_poor_fit_and_still_writes_it(tmp_path, capsys, mon
     assert err.count("\n") == warned
 
 
+def test_calibrate_replaces_only_a_cost_model_it_wrote(tmp_path, capsys, monkeypatch):
+    """--out refuses a file calibrate did not write (a settings file, a run's JSON), before the minutes
+    calibrating takes, and leaves it as it was; a cost model written before is replaced."""
+    from itertrace.profiler import calibrate
+    from itertrace.profiler.sim_runner import CostModel
+
+    calls = []
+    monkeypatch.setattr(calibrate, "calibrate", lambda spec: calls.append(spec) or (CostModel(), {
+        "iterations": 40, "r2": 0.95, "median_abs_error_pct": 3.0}))
+    theirs = {"settings.json": '{"theme": "dark"}\n', "run.json": '{"config": {"cost_model": {}}}\n',
+              "notes.txt": "my notes\n"}
+    for name, text in theirs.items():
+        (tmp_path / name).write_text(text)
+        rc, _, err = _run(capsys, "calibrate", "--out", str(tmp_path / name))
+        assert rc == 2 and err.count("\n") == 1 and "holds something other than a cost model" in err, err
+    assert calls == [] and {name: (tmp_path / name).read_text() for name in theirs} == theirs
+    mine = tmp_path / "cost.json"
+    for _ in range(2):
+        rc, _, _ = _run(capsys, "calibrate", "--out", str(mine))
+        assert rc == 0 and calibrate.load(mine) == CostModel()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*theirs, "cost.json"])
+
+
 def test_an_out_path_under_a_file_is_named_as_a_file_by_every_command(tmp_path, capsys):
     """Each command that writes a file says a path's folder is a file, not that it "does not exist"."""
     from tests.conftest import SAMPLES

@@ -5,6 +5,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -208,3 +209,18 @@ def test_report_takes_the_generic_mapping_for_another_programs_trace(sample_dbs,
     assert main(["report", "--db", str(sample_dbs["static"]), "-o", str(missing), "--param", "preset=generic"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "parameter step_pattern is missing" in err[0] and not missing.exists()
+
+
+def test_png_option_replaces_only_pngs(simulated_db, tmp_path):
+    """--png replaces a chart's PNG, never another file of that name, and checks every name before it writes."""
+    out, pngs = tmp_path / "r.html", tmp_path / "png"
+    pngs.mkdir()
+    (pngs / "03-active-tokens.png").write_text("my notes, saved under an unlucky name\n")
+    done = subprocess.run([sys.executable, "-m", "itertrace.cli", "report", "--db", str(simulated_db), "-o", str(out),
+                           "--png", str(pngs), "--quiet"], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "holds something other than a PNG" in done.stderr
+    assert sorted(p.name for p in pngs.iterdir()) == ["03-active-tokens.png"] and not out.exists()
+    (pngs / "03-active-tokens.png").unlink()
+    for _ in range(2):  # its own PNGs, written again
+        assert main(["report", "--db", str(simulated_db), "-o", str(out), "--png", str(pngs), "--quiet"]) == 0
+    assert len(list(pngs.iterdir())) == 5
