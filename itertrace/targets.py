@@ -115,6 +115,8 @@ def is_kind(path: Path, kind: Kind) -> bool:
     text = head.decode("utf-8", errors="replace")
     if re.match(r"\s*\[\s*[{\]]", text):  # JSON: an array of row objects
         return tail.rstrip().endswith(b"]")
+    if re.match(r"\s*\{", text):  # a JSON object (a trace, a settings file): never rows this writes
+        return False
     lines = text.splitlines()
     if len(lines) > 1 and lines[1] and set(lines[1]) <= {"-", " "}:  # a text table's rule under its header
         return True

@@ -42,7 +42,10 @@ def connect(db: str | Path, *, read_only: bool = True, writable: tuple[Path, ...
                             "first") from None
         raise UserError(f"{path}: not a DuckDB database this duckdb can open ({_first_line(exc)})") from None
     try:
-        lock_down(con, writable, limit)
+        if con.execute("SELECT current_setting('lock_configuration')").fetchone()[0]:
+            _check_locked(con, path, writable)
+        else:
+            lock_down(con, writable, limit)
     except BaseException:
         con.close()
         raise
@@ -66,6 +69,15 @@ def lock_down(con: duckdb.DuckDBPyConnection, writable: tuple[Path, ...], memory
     con.execute("SET allowed_paths = ?", [[str(path) for path in writable]])
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
+
+
+def _check_locked(con: duckdb.DuckDBPyConnection, path: Path, writable: tuple[Path, ...]) -> None:
+    """A second connection to a file this process has open shares its DuckDB instance, settings and lock
+    included: fine if that lock is `lock_down`'s and allows the paths this one writes; else a UserError."""
+    external, allowed = con.execute("SELECT current_setting('enable_external_access'), "
+                                    "current_setting('allowed_paths')").fetchone()
+    if external or not {str(p) for p in writable} <= set(allowed):
+        raise UserError(f"{path}: already open in this process with other settings; close it there first")
 
 
 def default_memory_limit() -> str:

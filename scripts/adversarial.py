@@ -8,11 +8,14 @@ Clean means: exit 0 where the input is good, else one `itertrace:` line on stder
 (130/143 for a signal). Lost data: a file that was there before a failed command is no longer byte for
 byte the same, or a refused target was written. Leftovers: any hidden file or folder beside the target
 once the command (and, after a kill, the next command to the same target) has ended. Accepted: a corrupt
-input the command took without a word. Cases that need root (mount, mknod, chattr) are skipped without it.
+input the command took without a word. Files read: a database whose views read a secret file, and the
+secret showed in the command's output or in a file it wrote, or the command hung (a view reading a FIFO).
+Cases that need root (mount, mknod, chattr) are skipped without it.
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import random
@@ -51,6 +54,7 @@ class Case:
     keep: dict[str, bytes] = field(default_factory=dict)  # files in `folder` before, by name
     hold: Path | None = None  # a database another process holds open read-write meanwhile
     never: tuple[Path, ...] = ()  # files the command must not make
+    secret: str | None = None  # what a file the command must not read holds: in no output, in no file it writes
 
 
 @dataclass
@@ -61,6 +65,7 @@ class Tally:
     lost: int = 0
     leftovers: int = 0
     accepted: int = 0
+    read: int = 0
     exits: Counter = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)
 
@@ -69,16 +74,17 @@ HOLDER = ("import sys, duckdb; con = duckdb.connect(sys.argv[1]); con.execute('C
           "SELECT 7 AS x'); con.execute('CHECKPOINT'); print('ready', flush=True); sys.stdin.readline()")
 
 
-def run(case: Case) -> tuple[int, str, list[str]]:
-    """Run the case: its exit status, its stderr, and the kept files it changed (before any `then`)."""
+def run(case: Case) -> tuple[int, str, list[str], bool]:
+    """Run the case: its exit status, its stderr, the kept files it changed (before any `then`), and whether it
+    read the secret file (or hung trying)."""
     holder = None
     if case.hold is not None:
         holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(case.hold)], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True)
         holder.stdout.readline()
         case.keep = {case.hold.name: case.hold.read_bytes()}
-    proc = subprocess.Popen([*CLI, *case.argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            errors="replace")
+    proc = subprocess.Popen([*CLI, *case.argv], stdout=subprocess.PIPE if case.secret else subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, errors="replace")
     if case.kill:
         signum, after_s = case.kill
         deadline = time.monotonic() + 120
@@ -89,8 +95,13 @@ def run(case: Case) -> tuple[int, str, list[str]]:
         time.sleep(after_s)
         if proc.poll() is None:
             proc.send_signal(signum)
+    hung = False
     try:
-        _, err = proc.communicate(timeout=600)
+        out, err = proc.communicate(timeout=120 if case.secret else 600)
+    except subprocess.TimeoutExpired:  # a view reading a FIFO would wait here for a writer that never comes
+        proc.kill()
+        out, err = proc.communicate()
+        hung = True
     finally:
         proc.kill()
         if holder is not None:
@@ -104,12 +115,14 @@ def run(case: Case) -> tuple[int, str, list[str]]:
         with duckdb.connect(str(db), read_only=True) as con:
             if con.execute("SELECT count(*) FROM duckdb_tables()").fetchone()[0] != case.tables:
                 lost.append(f"{db.name} (incomplete)")
+    read = bool(case.secret) and (hung or case.secret in (out or "") + err or any(
+        case.secret.encode() in p.read_bytes() for p in case.folder.rglob("*") if p.is_file()))
     if case.then:
         subprocess.run([*CLI, *case.then], capture_output=True)
-    return proc.returncode, err, lost
+    return proc.returncode, err, lost, read
 
 
-def judge(case: Case, status: int, err: str, lost: list[str], tally: Tally) -> None:
+def judge(case: Case, status: int, err: str, lost: list[str], read: bool, tally: Tally) -> None:
     tally.cases += 1
     tally.exits[status] += 1
     lines = err.strip().splitlines()
@@ -125,12 +138,13 @@ def judge(case: Case, status: int, err: str, lost: list[str], tally: Tally) -> N
     accepted = status == 0 and not case.good and case.kill is None
     failed = case.good and not case.either and case.kill is None and status != 0
     tally.tracebacks += traceback
+    tally.read += read
     tally.lost += bool(lost)
     tally.leftovers += bool(left)
     tally.accepted += accepted
-    if traceback or lost or left or failed or (accepted and not case.either):
+    if traceback or lost or left or read or failed or (accepted and not case.either):
         what = ("traceback" if traceback else "lost " + ",".join(lost) if lost else "left " + ",".join(left)
-                if left else "failed" if failed else "accepted")
+                if left else "read the secret" if read else "failed" if failed else "accepted")
         tally.notes.append(f"{' '.join(case.argv)[:110]}: {what} (exit {status}; {lines[-1][:120] if lines else ''})")
     else:
         tally.clean += 1
@@ -278,10 +292,96 @@ def cases(ws: Workspace, src: Path) -> list[Case]:
     for argv in bad_args:
         add("9-13 bad values", lambda t, argv=argv: [str(t) if a == "{target}" else a for a in argv], name="t.out",
             never=never)
+    out += crafted_database_cases(ws, src)
+    out += output_target_cases(ws, src, db)
     for case in out:
         if case.then:
             case.then = [str(case.folder / "k.duckdb") if a == "{target}" else a for a in case.then]
     return out
+
+
+SECRET = "a-secret-only-its-owner-may-read"
+# How a crafted database's view reads the file {path}: each a way DuckDB reads files.
+READS = {
+    "read_text": "(SELECT content FROM read_text('{path}'))",
+    "read_csv": "(SELECT string_agg(column0, ',') FROM read_csv('{path}', header = false))",
+    "read_blob": "(SELECT content::VARCHAR FROM read_blob('{path}'))",
+    "glob": "(SELECT string_agg(file, ',') FROM glob('{folder}/*'))",
+    "macro": "(SELECT content FROM _stolen())",
+}
+
+
+def crafted(src: Path, name: str, view: str, read: str, path: Path) -> Path:
+    """A copy of `src`'s database `name` whose view (or table) `view` carries in its text column what `read`
+    gets from `path`."""
+    db = path.parent / f"crafted-{view}-{read}.duckdb"
+    shutil.copy(src / name, db)
+    how = READS[read].format(path=path, folder=path.parent)
+    with duckdb.connect(str(db)) as con:
+        kind = con.execute("SELECT CASE WHEN EXISTS (SELECT 1 FROM duckdb_views() WHERE view_name = ?) THEN 'VIEW' "
+                           "ELSE 'TABLE' END", [view]).fetchone()[0]
+        if read == "macro":
+            con.execute(f"CREATE MACRO _stolen() AS TABLE SELECT content FROM read_text('{path}')")
+        con.execute(f"ALTER {kind} {view} RENAME TO _honest_{view}")
+        column = "text" if view == "nvtx_ranges" else "final_state"
+        con.execute(f"CREATE VIEW {view} AS SELECT * REPLACE ({how} AS {column}) FROM _honest_{view}")
+    return db
+
+
+def crafted_database_cases(ws: Workspace, src: Path) -> list[Case]:
+    """Every command that opens a database, on databases whose views read a secret file (or a FIFO)."""
+    cases = []
+    secrets = ws.root / "secrets"
+    secrets.mkdir()
+    (secrets / "secret.txt").write_text(SECRET + "\n")
+    (secrets / SECRET).write_text("its name is the secret\n")  # what glob would list
+    (secrets / "fifo").write_text(SECRET + "\n")  # a file while the views are made (DuckDB opens it to bind them)
+    dbs = {(view, read, fifo): crafted(src, name, view, read, secrets / ("fifo" if fifo else "secret.txt"))
+           for name, view in (("big.duckdb", "nvtx_ranges"), ("run.duckdb", "run_requests"))
+           for read in READS for fifo in (False, True) if not (fifo and read in ("glob", "read_blob"))}
+    (secrets / "fifo").unlink()
+    os.mkfifo(secrets / "fifo")  # then a FIFO: read, it waits for a writer that never comes
+    for (view, read, fifo), db in dbs.items():
+        query = "gpu_time_summary" if view == "nvtx_ranges" else "membership"
+        for argv in (["query", query, "--db", str(db), "--format", "csv", "--out", "{folder}/rows.csv"],
+                     ["sql", "--db", str(db), "SELECT 1"],
+                     ["sql", "--db", str(db), f"SELECT * FROM {view}"],
+                     ["mapping", "suggest", "--db", str(db)],
+                     ["report", "--db", str(db), "-o", "{folder}/report.html"],
+                     ["export", "perfetto", "--db", str(db), "-o", "{folder}/timeline.json"]):
+            if argv[0] == "mapping" and view != "nvtx_ranges":
+                continue
+            folder = ws.folder()
+            cases.append(Case(f"14 crafted databases ({'FIFO' if fifo else read})",
+                              [a.replace("{folder}", str(folder)) for a in argv], folder, secret=SECRET))
+    return cases
+
+
+def output_target_cases(ws: Workspace, src: Path, db: Path) -> list[Case]:
+    """Each writer's target holding what another program wrote: refused, and left as it was."""
+    kineto = json.dumps({"schemaVersion": 1, "traceEvents": [{"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0,
+                                                              "tid": 7, "ts": 1.0, "dur": 2.0}]}).encode()
+    theirs = {"settings.json": b'{"theme": "dark"}\n', "rank0.pt.trace.json.gz": gzip.compress(kineto),
+              "rank0.pt.trace.json": kineto}
+    writers = {
+        "export perfetto -o": lambda t: ["export", "perfetto", "--db", str(db), "-o", str(t)],
+        "calibrate --out": lambda t: ["calibrate", "--out", str(t)],
+        "sql --out": lambda t: ["sql", "--db", str(db), "SELECT 1 AS x", "--format", "json", "--out", str(t)],
+        "report -o": lambda t: ["report", "--db", str(db), "-o", str(t)],
+    }
+    cases = []
+    for what, argv in writers.items():
+        for name, data in theirs.items():
+            folder = ws.folder(keep={name: data})
+            cases.append(Case(f"15 output targets ({what})", argv(folder / name), folder, keep={name: data}))
+        folder = ws.folder()
+        os.mkfifo(folder / "fifo.json")
+        cases.append(Case(f"15 output targets ({what})", argv(folder / "fifo.json"), folder))
+    folder = ws.folder(keep={"03-active-tokens.png": b"my notes\n"})
+    cases.append(Case("15 output targets (report --png)", ["report", "--db", str(db), "-o", str(folder / "r.html"),
+                                                           "--png", str(folder)], folder,
+                      keep={"03-active-tokens.png": b"my notes\n"}, never=(folder / "r.html",)))
+    return cases
 
 
 def _stream_ends(path: Path) -> list[int]:
@@ -321,6 +421,8 @@ def prepare(src: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary one)")
+    parser.add_argument("--category", action="append", metavar="N",
+                        help="run only the categories numbered N (repeatable; default: all)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="itertrace-adversarial-")) if args.keep is None else args.keep
     root.mkdir(parents=True, exist_ok=True)
@@ -331,25 +433,30 @@ def main() -> int:
     started = time.monotonic()
     try:
         for case in cases(ws, root / "src"):
-            status, err, lost = run(case)
-            judge(case, status, err, lost, tallies.setdefault(case.category, Tally()))
+            if args.category and re.match(r"\d+", case.category).group() not in args.category:
+                continue
+            status, err, lost, read = run(case)
+            judge(case, status, err, lost, read, tallies.setdefault(case.category, Tally()))
     finally:
         ws.close()
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)
     total = Counter()
-    print(f"{'category':<52} {'cases':>5} {'clean':>5} {'traceback':>9} {'lost':>4} {'left':>4} {'accepted':>8}  exits")
+    print(f"{'category':<52} {'cases':>5} {'clean':>5} {'traceback':>9} {'lost':>4} {'left':>4} {'read':>4} "
+          f"{'accepted':>8}  exits")
     for name, t in sorted(tallies.items(), key=lambda kv: int(re.match(r"\d+", kv[0]).group())):
         exits = " ".join(f"{status}x{n}" for status, n in sorted(t.exits.items()))
-        print(f"{name:<52} {t.cases:>5} {t.clean:>5} {t.tracebacks:>9} {t.lost:>4} {t.leftovers:>4} {t.accepted:>8}  "
-              f"{exits}")
-        total.update(cases=t.cases, clean=t.clean, tracebacks=t.tracebacks, lost=t.lost, leftovers=t.leftovers)
+        print(f"{name:<52} {t.cases:>5} {t.clean:>5} {t.tracebacks:>9} {t.lost:>4} {t.leftovers:>4} {t.read:>4} "
+              f"{t.accepted:>8}  {exits}")
+        total.update(cases=t.cases, clean=t.clean, tracebacks=t.tracebacks, lost=t.lost, leftovers=t.leftovers,
+                     read=t.read)
         for note in t.notes:
             print(f"    {note}")
     print(f"{'all':<52} {total['cases']:>5} {total['clean']:>5} {total['tracebacks']:>9} {total['lost']:>4} "
-          f"{total['leftovers']:>4}   in {time.monotonic() - started:.0f} s")
-    print(f"tracebacks {total['tracebacks']}, data lost {total['lost']}, leftovers {total['leftovers']}")
-    return 1 if total["tracebacks"] or total["lost"] or total["leftovers"] else 0
+          f"{total['leftovers']:>4} {total['read']:>4}   in {time.monotonic() - started:.0f} s")
+    print(f"tracebacks {total['tracebacks']}, data lost {total['lost']}, leftovers {total['leftovers']}, "
+          f"files read {total['read']}")
+    return 1 if total["tracebacks"] or total["lost"] or total["leftovers"] or total["read"] else 0
 
 
 if __name__ == "__main__":

@@ -121,3 +121,14 @@ def test_sql_runs_under_a_memory_limit_and_says_which(honest, capsys):
     assert len(err) == 1 and "ran out of memory under --memory-limit 256MB" in err[0], err
     assert main(["sql", "--db", str(honest), "SELECT 1", "--memory-limit", "lots"]) == 2
     assert "--memory-limit lots: not a size" in capsys.readouterr().err
+
+
+def test_two_querydbs_of_one_file_share_the_lock_down(honest, tmp_path):
+    """DuckDB gives connections to one file in one process one instance, its locked settings included: a
+    second QueryDB works under the first's lock-down, and one that would write elsewhere is refused."""
+    from itertrace.queries import QueryDB
+
+    with QueryDB(honest) as first, QueryDB(honest, {"preset": "vllm"}) as second:
+        assert first.query("iterations").num_rows == second.query("iterations").num_rows > 0
+        with pytest.raises(UserError, match="already open in this process with other settings"):
+            QueryDB(honest, writable=(tmp_path / "rows.csv",))

@@ -70,13 +70,15 @@ def listing(folder: Path) -> dict[str, tuple[int, bytes | None]]:
 
 
 @pytest.mark.parametrize("command", FILE_COMMANDS)
-@pytest.mark.parametrize("what", ["text", "FIFO", "character device", "other kind"])
+@pytest.mark.parametrize("what", ["text", "JSON object", "FIFO", "character device", "other kind"])
 def test_a_target_of_another_kind_is_refused(command, what, run_dir, db, tmp_path, capsys):
     folder = tmp_path / "out"
     folder.mkdir()
     target = folder / "target.out"
     if what == "text":
         target.write_text("my notes, the only copy\nline two\n")
+    elif what == "JSON object":  # a one-line trace or settings file: commas, but no CSV a command wrote
+        target.write_text('{"schemaVersion": 1, "traceEvents": [], "displayTimeUnit": "ns"}\n')
     elif what == "FIFO":
         os.mkfifo(target)
     elif what == "character device":
