@@ -15,6 +15,7 @@ from functools import cache
 from pathlib import Path
 
 from itertrace.ingest.sqldoc import TableDoc, statements, table_docs
+from itertrace.queries import presets
 
 SQL_DIR = Path(__file__).parent
 
@@ -27,7 +28,7 @@ SOURCE_TABLES: dict[str, str] = {
     "run_iterations": RUN, "run_events": RUN, "run_requests": RUN, "run_meta": RUN,
 }
 
-_PARAM = re.compile(r"^--\s*@param\s+(\w+)\s+(VARCHAR|BIGINT|DOUBLE)\s+(?:\((?:>=(-?\d+)|([\w|]+))\)\s+)?(.*)$")
+_PARAM = re.compile(r"^--\s*@param\s+(\w+)\s+(VARCHAR|BIGINT|DOUBLE)\s+(?:\((?:>=(-?\d+)|([\w|-]+))\)\s+)?(.*)$")
 _DEFINES = re.compile(r"^CREATE (MACRO|VIEW) (\w+)", re.IGNORECASE | re.MULTILINE)
 _READS = re.compile(r"\b(?:FROM|JOIN)\s+(\w+)", re.IGNORECASE)
 _CALLS = re.compile(r"\b(\w+)\(")
@@ -98,6 +99,7 @@ def _header(sql: str) -> tuple[str, tuple[Param, ...]]:
 def modules() -> tuple[Module, ...]:
     """Every module, each after the modules it uses."""
     raw = {path.stem: path.read_text() for path in sorted(SQL_DIR.glob("*.sql"))}
+    raw[presets.MODULE] = presets.module_sql()  # made from presets.toml
     defined = {name: tuple(m.group(2) for m in _DEFINES.finditer(_code(sql))) for name, sql in raw.items()}
     out: dict[str, Module] = {}
     for name, sql in raw.items():

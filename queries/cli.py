@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from itertrace.argtypes import at_least
 from itertrace.errors import UserError
 from itertrace.queries.catalog import all_params, modules, queries
+from itertrace.queries.presets import MODULE
 
 # DuckDB and pyarrow are imported by the commands that open a database, not to build the parser
 # (nor for --list and --describe, which read only the SQL files).
@@ -135,7 +136,8 @@ def describe(name: str) -> str:
         lines += ["", "parameters (--param KEY=VALUE):"]
         lines += [f"  {p.name}: {p.doc}" + (f" One of: {', '.join(p.choices)}." if p.choices else "")
                   + (f" At least {p.minimum}." if p.minimum is not None else "") for p in query.params]
-    lines += ["", f"needs tables: {', '.join(query.tables)}", f"defined in: queries/{query.module.name}.sql"]
+    source = "presets.toml" if query.module.name == MODULE else f"{query.module.name}.sql"
+    lines += ["", f"needs tables: {', '.join(query.tables)}", f"defined in: queries/{source}"]
     return "\n".join(lines)
 
 

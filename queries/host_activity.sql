@@ -33,7 +33,7 @@ WITH
     SELECT DISTINCT r.global_pid, r.global_tid
     FROM nvtx_ranges AS r
     JOIN _host_gaps_phase_names AS n ON n.text = r.text
-    WHERE r.range_kind = 'push_pop'
+    WHERE r.range_kind <> 'start_end'
       AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
       AND r.global_pid IN (SELECT global_pid FROM processes)
   )
@@ -46,8 +46,23 @@ SELECT global_pid, global_tid, 'cuda',
        (row_number() OVER (PARTITION BY global_pid ORDER BY launches DESC, global_tid) - 1)::INTEGER
 FROM launches;
 
+-- What a CUDA or HIP runtime (or driver) call does to the host, by its name: HIP's calls are classed
+-- as their CUDA counterparts. 'cuda_sync': it waits for the device (a synchronize, or a copy that is
+-- not Async, such as hipMemcpyWithStream or cudaMemcpy); 'cuda_launch': a kernel launch;
+-- 'cuda_graph_launch': a graph launch; 'cuda_memcpy': an asynchronous copy; 'cuda_memset': a memset;
+-- 'cuda_other': anything else (allocation, events, queries, attributes).
+CREATE MACRO host_activity_api_class(name) AS CASE
+  WHEN regexp_matches(name, '^(cu|cuda|hip)(Device|Stream|Event|Ctx|Thread)Synchronize')
+    OR (regexp_matches(name, '^(cu|cuda|hip)Memcpy') AND NOT contains(name, 'Async')) THEN 'cuda_sync'
+  WHEN regexp_matches(name, '^(cu|cuda|hip)GraphLaunch') THEN 'cuda_graph_launch'
+  WHEN regexp_matches(name, '^(cu|cuda|hip)(Ext|Hcc)?(Module)?Launch') THEN 'cuda_launch'
+  WHEN regexp_matches(name, '^(cu|cuda|hip)Memcpy') THEN 'cuda_memcpy'
+  WHEN regexp_matches(name, '^(cu|cuda|hip)Memset') THEN 'cuda_memset'
+  ELSE 'cuda_other'
+END;
+
 -- The causes an interval can stand for, each with an id: the phases (ids 1, 2, ... as host_gaps
--- ranks them) and, after them, the CUDA API functions, each classed once by its name.
+-- ranks them) and, after them, the CUDA and HIP API functions, each classed once by its name.
 CREATE VIEW _host_activity_causes AS
 WITH
   phases AS (SELECT DISTINCT phase_rank AS cause_id, 'nvtx' AS cause_kind, phase AS cause FROM _host_gaps_phase_names),
@@ -56,13 +71,7 @@ SELECT * FROM phases
 UNION ALL
 SELECT
   (coalesce((SELECT max(cause_id) FROM phases), 0) + row_number() OVER (ORDER BY name))::INTEGER,
-  CASE
-    WHEN regexp_matches(name, '^cu(da)?(Device|Stream|Event|Ctx)Synchronize')
-      OR (regexp_matches(name, '^cu(da)?Memcpy') AND NOT contains(name, 'Async')) THEN 'cuda_sync'
-    WHEN regexp_matches(name, '^cu(da)?(Launch|GraphLaunch)') THEN 'cuda_launch'
-    WHEN regexp_matches(name, '^cu(da)?Mem(cpy|set)') THEN 'cuda_memcpy'
-    ELSE 'cuda_other'
-  END,
+  host_activity_api_class(name),
   name
 FROM names
 WHERE name IS NOT NULL;
@@ -87,7 +96,7 @@ WITH
         AS next_start_ns
     FROM nvtx_ranges AS r
     JOIN _host_gaps_phase_names AS n ON n.text = r.text
-    WHERE r.range_kind = 'push_pop'
+    WHERE r.range_kind <> 'start_end'
       AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
       AND r.global_tid IN (SELECT global_tid FROM ranks WHERE level = 'nvtx')
   ),

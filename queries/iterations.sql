@@ -5,8 +5,27 @@
 -- numbered as the step (see _iterations_device_ranges). Range names come from the mapping
 -- (mapping.sql), so the same SQL serves other programs' traces.
 
--- The step ranges the mapping names, numbered as it says.
+-- The step ranges the mapping names, numbered as it says: the outermost ones, where the pattern also
+-- matches a range inside a matching range of its thread (a stack frame around another, such as
+-- vLLM's Worker.execute_model around GPUModelRunner.execute_model), so each iteration is one range.
+-- Start/end ranges, which may overlap (this engine's overlap mode), are all steps.
 CREATE VIEW _iterations_steps AS
+WITH
+  matched AS (
+    SELECT
+      range_id, global_pid, global_tid, start_ns, end_ns, text, int64_value, range_kind,
+      max(coalesce(end_ns, 9223372036854775807)) FILTER (WHERE range_kind <> 'start_end') OVER (
+        PARTITION BY global_tid ORDER BY start_ns, range_id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING
+      ) AS open_until_ns
+    FROM nvtx_ranges
+    WHERE regexp_matches(text, mapping_step_pattern())
+      AND (mapping_domain() IS NULL OR domain_name = mapping_domain())
+  ),
+  outermost AS (
+    SELECT * FROM matched
+    WHERE range_kind = 'start_end' OR open_until_ns IS NULL OR open_until_ns <= start_ns
+       OR open_until_ns < coalesce(end_ns, 9223372036854775807)
+  )
 SELECT
   range_id,
   global_pid,
@@ -18,9 +37,7 @@ SELECT
     WHEN 'text' THEN try_cast(regexp_extract(text, mapping_step_pattern(), 1) AS BIGINT)
     ELSE row_number() OVER (PARTITION BY global_tid ORDER BY start_ns, range_id) - 1
   END AS iteration
-FROM nvtx_ranges
-WHERE regexp_matches(text, mapping_step_pattern())
-  AND (mapping_domain() IS NULL OR domain_name = mapping_domain());
+FROM outermost;
 
 -- The device-pattern ranges (this engine's `forward`), each with the iteration it carries where steps
 -- are numbered by payload and it has one; a range still open when the capture stopped has no end

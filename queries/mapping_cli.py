@@ -48,15 +48,29 @@ def run_suggest(args: argparse.Namespace) -> int:
                             "itertrace ingest REPORT.nsys-rep --db FILE)")
         rows = db.sql(f"SELECT * FROM mapping_suggest ORDER BY rank LIMIT {int(args.limit)}").to_pylist()
         choice = db.mapping_choice
+        why = None if rows else _none_fits(db)
     if args.format == "json":
         print(json.dumps(rows, indent=2))
     elif not rows:
-        print("no NVTX range repeats at least 4 times in this capture: none could be one iteration")
+        print(why)
     else:
         print(_table(rows))
     if choice is not None:
         print(f"itertrace: {choice.note}", file=sys.stderr)
     return 0
+
+
+def _none_fits(db) -> str:
+    """Why mapping_suggest has no candidate, in one line."""
+    repeating, gpu = db.con.execute("""
+        SELECT (SELECT count(*) FROM (SELECT name, domain_key FROM _mapping_suggest_ranges GROUP BY ALL
+                                      HAVING count(*) >= 4)),
+               EXISTS (SELECT 1 FROM gpu_ops)""").fetchone()
+    if not repeating:
+        return "no NVTX range repeats at least 4 times in this capture: none could be one iteration"
+    return (f"none fits: {repeating:,} range names repeat at least 4 times, but no range of them launched any of "
+            "the capture's GPU work, as an iteration's range does (it launches the step's kernels); if you know the "
+            "range that is one iteration, map it with --param preset=generic --param step_pattern=...")
 
 
 def _table(rows: list[dict]) -> str:

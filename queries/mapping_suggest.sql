@@ -1,8 +1,10 @@
 -- Mapping suggestions: the NVTX ranges that could be one iteration, ranked, each with the parameters that map it.
 --
--- Notes. Ranges are grouped by name (their text with each run of digits as #, so that
--- `execute_context_3(57)_generation_12(12)` and `execute_context_0(0)_generation_15(15)` are one
--- name) and domain. A name is a candidate when it repeats at least 4 times. For each it measures
+-- Notes. Ranges (annotations and Python stack frames alike) are grouped by name (their text with each
+-- run of digits as #, so that `execute_context_3(57)_generation_12(12)` and
+-- `execute_context_0(0)_generation_15(15)` are one name) and domain. A name is a candidate when it
+-- repeats at least 4 times, or when it is a preset's iteration range (a capture of one step has one);
+-- on a capture with GPU work, only a name whose ranges launched some of it. For each it measures
 -- what an iteration range looks like: its GPU share (the share of its processes' GPU operations
 -- launched inside its ranges, through nvtx_gpu_projection; NULL without GPU work), its time share
 -- (on each thread, the time inside its ranges over the span from the first one's start to the last
@@ -11,9 +13,11 @@
 -- next one's on a thread). The score is coverage (the GPU share where its processes ran GPU work,
 -- else the time share) x (1 - overlap share / 2) x 1 / (1 + period cv) x (1 - 1 / ranges): an
 -- iteration range launches all of a step's GPU work, follows the one before it, comes at a steady
--- pace and repeats. Ties go to the larger time share (the range that encloses its phases), then
--- to the shallower nesting depth. `params` maps the candidate: a preset whose iteration range it
--- is, else the generic mapping with a pattern that matches exactly the name's ranges.
+-- pace and repeats. A preset's iteration range ranks before every other name (the engines' source
+-- says it is one), presets in the order auto tries them; the others by score, ties to the larger time
+-- share (the range that encloses its phases), then to the shallower nesting depth. `params` maps the
+-- candidate: a preset whose iteration range it is, else the generic mapping with a pattern that
+-- matches exactly the name's ranges.
 
 -- Per range: its name (worked out once per distinct text), thread, times and the GPU work it launched.
 CREATE VIEW _mapping_suggest_ranges AS
@@ -93,7 +97,6 @@ WITH
            list(DISTINCT global_pid) AS pids
     FROM per_thread
     GROUP BY name, domain_key
-    HAVING sum(ranges) >= 4
   ),
   shares AS (
     SELECT n.name, n.domain_key,
@@ -104,8 +107,7 @@ WITH
     GROUP BY ALL
   ),
   presets AS (
-    SELECT n.name, n.domain_key,
-           arg_min(p.preset, list_position(['itertrace', 'vllm', 'sglang', 'trtllm'], p.preset)) AS preset
+    SELECT n.name, n.domain_key, arg_min(p.preset, p.position) AS preset, min(p.position) AS preset_position
     FROM names AS n
     JOIN mapping_presets AS p
       ON regexp_matches(n.name, regexp_replace(p.step_pattern, '\\d', '#', 'g'))
@@ -113,7 +115,7 @@ WITH
     GROUP BY ALL
   ),
   scored AS (
-    SELECT n.*, s.gpu_share, e.p50, coalesce(e.cv, 0) AS cv, r.preset,
+    SELECT n.*, s.gpu_share, e.p50, coalesce(e.cv, 0) AS cv, r.preset, r.preset_position,
            coalesce(s.gpu_share, n.time_share, 0) * (1 - coalesce(n.overlap_share, 0) / 2)
              / (1 + coalesce(e.cv, 0)) * (1 - 1 / n.ranges) AS score,
            '^' || replace(regexp_replace(n.name, '([\\.^$|()\[\]{}*+?])', '\\\1', 'g'), '#', '\d+') || '$' AS pattern
@@ -121,9 +123,12 @@ WITH
     JOIN shares AS s USING (name, domain_key)
     LEFT JOIN periods AS e USING (name, domain_key)
     LEFT JOIN presets AS r USING (name, domain_key)
+    WHERE (n.ranges >= 4 OR r.preset IS NOT NULL)
+      AND (coalesce(s.gpu_share, 0) > 0 OR NOT EXISTS (SELECT 1 FROM gpu_ops))
   )
 SELECT
-  row_number() OVER (ORDER BY score DESC, time_share DESC, depth NULLS LAST, name, domain_name),
+  row_number() OVER (ORDER BY preset_position NULLS LAST, score DESC, time_share DESC, depth NULLS LAST, name,
+                                domain_name),
   name, domain_name, ranges::BIGINT, threads, gpu_share::DOUBLE, time_share::DOUBLE, overlap_share::DOUBLE, p50,
   cv::DOUBLE, depth, score::DOUBLE, preset, pattern,
   CASE WHEN preset IS NOT NULL THEN '--param preset=' || preset

@@ -1,43 +1,34 @@
 """The `auto` mapping: which preset or suggested range maps a capture's iterations, and a preset that does not fit.
 
 `choose_mapping` runs once per connection, after the parameters are set: with `preset=auto` (or no
-preset) it picks this engine's names where present, else a known engine's preset whose iteration
-range is present, else the range `mapping_suggest` ranks first, and sets the session variables that
-say so; with a named preset it checks that the preset's iteration range is in the capture.
+preset) it picks the first preset (queries/presets.toml, in order) whose iteration range is present,
+else the range `mapping_suggest` ranks first, and sets the session variables that say so; an engine's
+name picks the first of that engine's presets present; a preset whose iteration range is not in the
+capture is refused.
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 import duckdb
 
 from itertrace.errors import UserError
+from itertrace.queries.presets import AUTO, GENERIC, Preset, engine_presets, presets
 
 # A suggestion scoring under this is no iteration: it covers under 5% of the GPU work (or of its
 # threads' time), or comes at a pace too irregular, to stand for one.
 MIN_SCORE = 0.05
 
 
-class Preset(enum.Enum):
-    """The values of the `preset` parameter."""
-
-    AUTO = "auto"
-    ITERTRACE = "itertrace"
-    GENERIC = "generic"
-    VLLM = "vllm"
-    SGLANG = "sglang"
-    TRTLLM = "trtllm"
-
-
 @dataclass(frozen=True)
 class MappingChoice:
-    """What `auto` chose, and the parameters that choose the same mapping explicitly."""
+    """What `auto` (or an engine's name) chose, and the parameters that choose the same mapping explicitly."""
 
-    preset: Preset
+    preset: str
     params: dict[str, str]
     ranges: int  # step ranges it maps; 0 when it found none
     name: str | None  # the step ranges' name (digits as #); None when it found none
+    asked: str = AUTO  # what --param preset said: auto, or the engine it resolved
 
     @property
     def param_line(self) -> str:
@@ -46,49 +37,56 @@ class MappingChoice:
 
     @property
     def note(self) -> str:
-        """One line for a person: which mapping auto chose, on what evidence, and how to choose it yourself."""
+        """One line for a person: which mapping it chose, on what evidence, and how to choose it yourself."""
         if not self.ranges:
             return ("mapping: auto found no range that repeats like an iteration, so there are no iterations; "
                     "`itertrace mapping suggest --db FILE` lists the candidates")
-        what = {Preset.ITERTRACE: "this engine's `step` ranges", Preset.GENERIC: "the best suggested range"}.get(
-            self.preset, f"the {self.preset.value} preset")
-        return (f"mapping: auto chose {what}: {self.ranges:,} step ranges named {self.name!r} "
+        what = {"itertrace": "this engine's `step` ranges", GENERIC: "the best suggested range"}.get(
+            self.preset, f"the {self.preset} preset")
+        return (f"mapping: {self.asked} chose {what}: {self.ranges:,} step ranges named {self.name!r} "
                 f"(the same explicitly: {self.param_line})")
 
 
 def choose_mapping(con: duckdb.DuckDBPyConnection, params: dict[str, str]) -> MappingChoice | None:
-    """Resolve `preset=auto` (the default) into session variables; None when the caller chose the preset.
+    """Resolve `preset=auto` (the default) or an engine's name into session variables; None when the caller
+    chose one preset (or the generic mapping).
 
-    A named preset whose iteration range is not in the capture is a UserError naming the pattern
-    and domain it looked for.
+    A preset (or an engine none of whose presets) whose iteration range is not in the capture is a
+    UserError naming the patterns and domains it looked for.
     """
-    preset = Preset(params.get("preset", Preset.AUTO.value))
-    if preset is Preset.GENERIC:
+    asked = params.get("preset", AUTO)
+    if asked == GENERIC:
         return None
-    if preset is not Preset.AUTO:
-        pattern, domain = con.execute("SELECT mapping_step_pattern(), mapping_domain()").fetchall()[0]
-        if not _matching(con, pattern, domain)[0]:
-            where = f"in domain {domain!r}" if domain else "in any domain"
-            raise UserError(f"preset {preset.value}: no NVTX range in this capture matches its iteration range "
-                            f"{pattern!r} {where}; `itertrace mapping suggest --db FILE` ranks the ranges that "
+    if asked != AUTO:
+        candidates = engine_presets(asked)
+        present = next((p for p in candidates if _present(con, p)), None)
+        if present is None:
+            looked = "; ".join(f"{p.step!r} " + (f"in domain {p.domain!r}" if p.domain else "in any domain")
+                               for p in candidates)
+            raise UserError(f"preset {asked}: no NVTX range or stack frame in this capture matches its iteration "
+                            f"range ({looked}); `itertrace mapping suggest --db FILE` ranks the ranges that "
                             "could be one")
-        return None
+        if len(candidates) == 1:
+            return None
+        return _choose(con, {"preset": present.name}, asked)
     if "step_pattern" in params:  # a pattern of one's own is the generic mapping
-        chosen = {"preset": Preset.GENERIC.value}
-    else:
-        chosen = _preset_present(con) or _best_suggestion(con) or {"preset": Preset.AUTO.value}
+        return _choose(con, {"preset": GENERIC}, asked)
+    present = next((p for p in presets() if _present(con, p)), None)
+    chosen = {"preset": present.name} if present else _best_suggestion(con) or {"preset": AUTO}
+    return _choose(con, chosen, asked)
+
+
+def _choose(con: duckdb.DuckDBPyConnection, chosen: dict[str, str], asked: str) -> MappingChoice:
     for name, value in chosen.items():
         con.execute(f'SET VARIABLE "{name}" = ?', [value])
-    pattern, domain = con.execute("SELECT mapping_step_pattern(), mapping_domain()").fetchall()[0]
-    return MappingChoice(Preset(chosen["preset"]), chosen, *_matching(con, pattern, domain))
+    ranges, name = con.execute("""
+        SELECT count(*), mode(regexp_replace(r.text, '[0-9]+', '#', 'g'))
+        FROM _iterations_steps AS s JOIN nvtx_ranges AS r USING (range_id)""").fetchall()[0]
+    return MappingChoice(chosen["preset"], chosen, ranges if chosen["preset"] != AUTO else 0, name, asked=asked)
 
 
-def _preset_present(con: duckdb.DuckDBPyConnection) -> dict[str, str] | None:
-    """The first preset (this engine's first) whose iteration range is in the capture."""
-    for preset, pattern, domain in con.execute("SELECT preset, step_pattern, domain FROM mapping_presets").fetchall():
-        if _matching(con, pattern, domain)[0]:
-            return {"preset": preset}
-    return None
+def _present(con: duckdb.DuckDBPyConnection, preset: Preset) -> bool:
+    return _matching(con, preset.step, preset.domain)[0] > 0
 
 
 def _best_suggestion(con: duckdb.DuckDBPyConnection) -> dict[str, str] | None:
@@ -97,7 +95,7 @@ def _best_suggestion(con: duckdb.DuckDBPyConnection) -> dict[str, str] | None:
     if not rows or rows[0][2] < MIN_SCORE:
         return None
     pattern, domain, _ = rows[0]
-    return {"preset": Preset.GENERIC.value, "step_pattern": pattern} | ({"domain": domain} if domain else {})
+    return {"preset": GENERIC, "step_pattern": pattern} | ({"domain": domain} if domain else {})
 
 
 def _matching(con: duckdb.DuckDBPyConnection, pattern: str | None, domain: str | None) -> tuple[int, str | None]:

@@ -107,14 +107,21 @@ def clipped_calls(calls: list[tuple[int, int, int, str, int]]) -> list[tuple[int
 
 
 def api_class(name: str) -> str:
-    """The cause_kind of a CUDA API function, by host_activity.sql's rule."""
-    bare = name.removeprefix("cuda") if name.startswith("cuda") else name.removeprefix("cu")
-    if bare.startswith(("DeviceSynchronize", "StreamSynchronize", "EventSynchronize", "CtxSynchronize")):
+    """The cause_kind of a CUDA or HIP API function, by host_activity.sql's rule."""
+    prefix = next((p for p in ("cuda", "hip", "cu") if name.startswith(p)), None)
+    if prefix is None:
+        return "cuda_other"
+    bare = name[len(prefix):]
+    if bare.startswith(("DeviceSynchronize", "StreamSynchronize", "EventSynchronize", "CtxSynchronize",
+                        "ThreadSynchronize")) or (bare.startswith("Memcpy") and "Async" not in name):
         return "cuda_sync"
-    if bare.startswith("Memcpy") and "Async" not in name:
-        return "cuda_sync"
-    if bare.startswith(("Launch", "GraphLaunch")):
-        return "cuda_launch"
-    if bare.startswith(("Memcpy", "Memset")):
+    if bare.startswith("GraphLaunch"):
+        return "cuda_graph_launch"
+    for launch in ("Launch", "ExtLaunch", "HccLaunch", "ModuleLaunch", "ExtModuleLaunch", "HccModuleLaunch"):
+        if bare.startswith(launch):
+            return "cuda_launch"
+    if bare.startswith("Memcpy"):
         return "cuda_memcpy"
+    if bare.startswith("Memset"):
+        return "cuda_memset"
     return "cuda_other"

@@ -11,6 +11,7 @@ from pathlib import Path
 import duckdb
 
 from itertrace.profiler import nvtx_ranges as nv
+from itertrace.queries.presets import module_sql
 
 QUERIES = Path(__file__).resolve().parents[1] / "queries"
 MARKS = {nv.ARRIVE, nv.FINISH, nv.ADMIT, nv.TOKENS}
@@ -18,6 +19,7 @@ MARKS = {nv.ARRIVE, nv.FINISH, nv.ADMIT, nv.TOKENS}
 
 def test_the_itertrace_preset_matches_the_engines_ranges():
     con = duckdb.connect()
+    con.execute(module_sql())  # the presets' macros, which mapping.sql reads
     con.execute((QUERIES / "mapping.sql").read_text())
     domain, step, phases, device = con.execute(
         "SELECT mapping_domain(), mapping_step_pattern(), mapping_phase_pattern(), mapping_device_pattern()").fetchone()

@@ -123,7 +123,7 @@ def test_install_writes_documented_views_any_duckdb_client_can_read(capsys, run_
     (["query", "membership", "--db", "{notdb}"], "not a DuckDB database"),
     (["sql", "--db", "{db}", "SELECT * FROM host_gaps"], "view host_gaps is not available"),
     (["sql", "--db", "{db}", "SELEC 1"], "syntax error"),
-    (["query", "iterations", "--db", "{db}", "--param", "preset=other"], "preset must be one of itertrace, generic"),
+    (["query", "iterations", "--db", "{db}", "--param", "preset=other"], "preset must be one of auto, generic, itertrace, sglang, vllm"),
     (["sql", "--db", "{db}", "--param", "step_pattern=((", "SELECT 1"],
      "parameter step_pattern: '((' is not a regular expression (missing ): (()"),
     (["query", "fairness", "--db", "{db}", "--param", "repeat_threshold=99999999999999999999"],

@@ -94,3 +94,24 @@ def test_itertrace_steps_numbered_by_payload_in_the_itertrace_domain_only(trace)
         push_pop(4, "steps", 30, 40, payload=98),
     ]}
     assert trace.load(tables).sql(NUMBERING) == [(40, TID_A, 2), (41, TID_A, 1)]
+
+
+def test_a_range_that_launched_no_gpu_work_is_never_suggested_on_a_gpu_capture(tmp_path, capsys):
+    """Collective ranges on another thread repeat like an iteration, but launch none of the capture's GPU work:
+    suggest offers no line for them (following it gave host gaps of 99.9% beside 6.5% idle between iterations),
+    and says why; auto then finds no iteration."""
+    from query_fixtures import TID_B, api_call, gpu_op, make_db, push_pop
+
+    from itertrace.cli import main
+
+    tables = {"nvtx_ranges": [push_pop(i + 1, "nccl:_all_gather_base", 100 * i, 100 * i + 50, tid=TID_B, domain=None)
+                              for i in range(6)],
+              "cuda_api": [api_call(1, 10, 12, correlation_id=1)],
+              "gpu_ops": [{**gpu_op(1, 20, 400, correlation_id=1), "device_id": 0}]}
+    db = make_db(tmp_path / "capture.duckdb", tables)
+    assert main(["mapping", "suggest", "--db", str(db)]) == 0
+    out, err = capsys.readouterr()
+    assert out == ("none fits: 1 range names repeat at least 4 times, but no range of them launched any of the "
+                   "capture's GPU work, as an iteration's range does (it launches the step's kernels); if you know "
+                   "the range that is one iteration, map it with --param preset=generic --param step_pattern=...\n")
+    assert err.startswith("itertrace: mapping: auto found no range that repeats like an iteration")
