@@ -2,9 +2,15 @@
 --
 -- Notes. On each track (the thread that runs the step ranges) iterations are taken in order of
 -- their device start. A gap runs from the latest device end so far to the next device start; when
--- the next iteration's device work starts before that (overlapping device work), the gap is 0. So
--- a track's gaps never overlap one another. A gap is split among the host-phase ranges that overlap
--- it: leaf push/pop ranges on the track's thread that match the phase pattern, a leaf being one
+-- the next iteration's device work starts before that (overlapping device work), the gap is empty.
+-- So a track's gaps never overlap one another. Of a gap, only the time in which the process runs no
+-- GPU work at all, on any device and stream, is idle: GPU work launched outside the step ranges (a
+-- sampler launched after the step's range ends, a copy on a stream of its own) keeps the device busy,
+-- and that time is no host gap. gap_ns is that idle time, the same idle time gpu_time.sql counts
+-- (one definition of idle): the idle pieces of a gap are gpu_time's idle spans cut to the gap, so
+-- with one track per process the gaps add up to exactly gpu_time's idle time between iterations.
+-- The idle pieces of a gap are split among the host-phase ranges that overlap them: leaf push/pop
+-- ranges (or stack frames) on the track's thread that match the phase pattern, a leaf being one
 -- that holds no other such range (ranges of other names or domains inside it, such as a library's
 -- own, leave it a leaf). Leaves on one thread never overlap (push/pop ranges nest), so the parts of
 -- a gap never count an instant twice, and what no leaf covers is the `unattributed` part: the parts
@@ -12,26 +18,28 @@
 -- still open when the capture stopped covers everything after its start. A range whose phase name
 -- would be `unattributed` is no phase: its time stays in the gap's one unattributed part.
 --
--- How the parts are computed (with joins that DuckDB runs on all cores, not per-row joins): gaps
--- are disjoint, and so are leaves, so a leaf and a gap overlap exactly when the leaf starts inside
--- the gap (then the gap is the latest one started at or before the leaf) or the gap starts inside
--- the leaf (then the leaf is the latest one started before the gap). Each case is one ASOF join,
--- of the leaves to the gaps and of the gaps to the leaves. A phase range is a leaf when the phase
--- range that comes next on its thread (by start, longest first) does not start before it ends:
--- push/pop ranges nest, so the next one lies inside it exactly when it starts before it ends. The
--- overlaps are added up by (track, gap, phase), and each gap's unattributed part is the gap less
--- what its phases took. Gaps are keyed by their place on the track (gap_seq), not by iteration: an
--- iteration may be NULL, for a step the mapping cannot number. host_gaps_parts lists the gaps in
--- host_gaps' order, each gap's parts by phase name with `unattributed` last.
+-- How the parts are computed (with joins that DuckDB runs on all cores, not per-row joins): the
+-- idle pieces of a track's gaps are disjoint, and so are leaves, so a leaf and a piece overlap
+-- exactly when the leaf starts inside the piece (then the piece is the latest one started at or
+-- before the leaf) or the piece starts inside the leaf (then the leaf is the latest one started
+-- before the piece). Each case is one ASOF join; the gaps are cut into idle pieces the same way.
+-- A phase range is a leaf when the phase range that comes next on its thread (by start, longest
+-- first) does not start before it ends: push/pop ranges nest, so the next one lies inside it exactly
+-- when it starts before it ends. The overlaps are added up by (track, gap, phase), and each gap's
+-- unattributed part is the gap less what its phases took. Gaps are keyed by their place on the
+-- track (gap_seq), not by iteration: an iteration may be NULL, for a step the mapping cannot number.
+-- host_gaps_parts lists the gaps in host_gaps' order, each gap's parts by phase name with
+-- `unattributed` last.
 --
 -- @param limit BIGINT (>=0) How many gaps host_gaps_worst lists; 10 when not given.
 
--- The gaps, in no particular order (host_gaps sorts them). gap_seq, the gap's place on its track,
--- is the key the views below join gaps on: an iteration may be NULL (a step the mapping cannot number).
-CREATE VIEW _host_gaps_unordered AS
+-- The gaps' bounds, in no particular order: from the latest device end on the track to the next
+-- device start. gap_seq, the gap's place on its track, is the key the views below join gaps on: an
+-- iteration may be NULL (a step the mapping cannot number).
+CREATE VIEW _host_gaps_bounds AS
 WITH
   device AS (
-    SELECT global_tid, iteration, device_start_ns, device_end_ns
+    SELECT global_tid, global_pid, iteration, device_start_ns, device_end_ns
     FROM _iterations_device
     WHERE device_start_ns IS NOT NULL
   ),
@@ -47,14 +55,73 @@ WITH
   )
 SELECT
   global_tid,
+  global_pid,
   prev_iteration,
   iteration,
   least(busy_until_ns, device_start_ns) AS gap_start_ns,
   device_start_ns AS gap_end_ns,
-  greatest(device_start_ns - busy_until_ns, 0) AS gap_ns,
   gap_seq
 FROM ordered
 WHERE busy_until_ns IS NOT NULL;
+
+-- Per process, the time its GPU work keeps some device busy: the union of its operations on every
+-- device and stream, as disjoint intervals.
+CREATE VIEW _host_gaps_busy AS
+WITH
+  ops AS (
+    SELECT
+      global_pid, start_ns, end_ns,
+      max(end_ns) OVER (PARTITION BY global_pid ORDER BY start_ns, end_ns
+                        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS busy_until_ns
+    FROM gpu_ops
+    WHERE end_ns > start_ns
+  ),
+  islands AS (
+    SELECT *, count(*) FILTER (WHERE busy_until_ns IS NULL OR start_ns > busy_until_ns)
+                OVER (PARTITION BY global_pid ORDER BY start_ns, end_ns ROWS UNBOUNDED PRECEDING) AS island
+    FROM ops
+  )
+SELECT global_pid, min(start_ns) AS start_ns, max(end_ns) AS end_ns
+FROM islands
+GROUP BY global_pid, island;
+
+-- The idle pieces of each gap: the gap less its process's busy intervals, as disjoint pieces per track.
+CREATE VIEW _host_gaps_idle AS
+WITH
+  gaps AS MATERIALIZED (SELECT * FROM _host_gaps_bounds WHERE gap_end_ns > gap_start_ns),
+  -- the process's idle spans: before its first busy interval, between two, after its last
+  idle AS MATERIALIZED (
+    SELECT global_pid, coalesce(lag(end_ns) OVER w, -9223372036854775808) AS start_ns, start_ns AS end_ns
+    FROM _host_gaps_busy
+    WINDOW w AS (PARTITION BY global_pid ORDER BY start_ns)
+    UNION ALL
+    SELECT global_pid, max(end_ns), 9223372036854775807 FROM _host_gaps_busy GROUP BY global_pid
+  ),
+  spans AS MATERIALIZED (
+    -- each process's idle spans once per track of it (a process without GPU work is idle throughout)
+    SELECT t.global_tid, t.global_pid, coalesce(i.start_ns, -9223372036854775808) AS start_ns,
+           coalesce(i.end_ns, 9223372036854775807) AS end_ns
+    FROM (SELECT DISTINCT global_tid, global_pid FROM gaps) AS t
+    LEFT JOIN idle AS i USING (global_pid)
+    WHERE i.end_ns IS NULL OR i.end_ns > i.start_ns
+  )
+SELECT g.global_tid, g.gap_seq, g.gap_start_ns AS start_ns, least(g.gap_end_ns, s.end_ns) AS end_ns
+FROM gaps AS g
+ASOF JOIN spans AS s ON s.global_tid = g.global_tid AND s.start_ns <= g.gap_start_ns
+WHERE g.gap_start_ns < s.end_ns
+UNION ALL
+SELECT g.global_tid, g.gap_seq, s.start_ns, least(g.gap_end_ns, s.end_ns)
+FROM spans AS s
+ASOF JOIN gaps AS g ON g.global_tid = s.global_tid AND g.gap_start_ns < s.start_ns
+WHERE s.start_ns < g.gap_end_ns;
+
+-- The gaps, in no particular order (host_gaps sorts them), each with its idle time.
+CREATE VIEW _host_gaps_unordered AS
+WITH idle AS (SELECT global_tid, gap_seq, sum(end_ns - start_ns) AS idle_ns FROM _host_gaps_idle GROUP BY ALL)
+SELECT b.global_tid, b.prev_iteration, b.iteration, b.gap_start_ns, b.gap_end_ns,
+       coalesce(i.idle_ns, 0)::BIGINT AS gap_ns, b.gap_seq
+FROM _host_gaps_bounds AS b
+LEFT JOIN idle AS i USING (global_tid, gap_seq);
 
 -- One row per pair of consecutive device intervals on a track.
 CREATE VIEW host_gaps (
@@ -68,7 +135,7 @@ CREATE VIEW host_gaps (
   gap_start_ns,
   -- End of the gap: the device start of `iteration`.
   gap_end_ns,
-  -- gap_end_ns - gap_start_ns: time the device did no work of this track; 0 when device work overlapped.
+  -- Time in the gap in which the process ran no GPU work at all (on any device and stream): its idle time; 0 when device work overlapped.
   gap_ns
 ) AS
 SELECT global_tid, prev_iteration, iteration, gap_start_ns, gap_end_ns, gap_ns
@@ -105,7 +172,7 @@ WITH
         AS next_start_ns
     FROM nvtx_ranges AS r
     JOIN _host_gaps_phase_names AS n ON n.text = r.text
-    WHERE r.range_kind = 'push_pop'
+    WHERE r.range_kind <> 'start_end'
       AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
       AND r.global_tid IN (SELECT global_tid FROM _iterations_device WHERE device_start_ns IS NOT NULL)
   )
@@ -113,22 +180,25 @@ SELECT global_tid, start_ns, end_ns, phase_rank
 FROM phases
 WHERE next_start_ns IS NULL OR next_start_ns >= end_ns;
 
--- Every (gap, leaf) overlap, with its length: a leaf starting inside a gap, or a gap starting
--- inside a leaf (at one instant, the leaf counts as starting inside the gap).
+-- Every (idle piece of a gap, leaf) overlap, with its length: a leaf starting inside a piece, or a
+-- piece starting inside a leaf (at one instant, the leaf counts as starting inside the piece).
 CREATE VIEW _host_gaps_overlaps AS
 WITH
-  gaps AS (
-    SELECT global_tid, iteration, gap_seq, gap_start_ns, gap_end_ns FROM _host_gaps_unordered WHERE gap_ns > 0
+  pieces AS (
+    SELECT i.global_tid, b.iteration, i.gap_seq, i.start_ns, i.end_ns
+    FROM _host_gaps_idle AS i
+    JOIN _host_gaps_bounds AS b USING (global_tid, gap_seq)
+    WHERE i.end_ns > i.start_ns
   )
-SELECT g.global_tid, g.iteration, g.gap_seq, l.phase_rank, least(l.end_ns, g.gap_end_ns) - l.start_ns AS overlap_ns
+SELECT g.global_tid, g.iteration, g.gap_seq, l.phase_rank, least(l.end_ns, g.end_ns) - l.start_ns AS overlap_ns
 FROM _host_gaps_leaves AS l
-ASOF JOIN gaps AS g ON g.global_tid = l.global_tid AND g.gap_start_ns <= l.start_ns
-WHERE l.start_ns < g.gap_end_ns
+ASOF JOIN pieces AS g ON g.global_tid = l.global_tid AND g.start_ns <= l.start_ns
+WHERE l.start_ns < g.end_ns
 UNION ALL
-SELECT g.global_tid, g.iteration, g.gap_seq, l.phase_rank, least(l.end_ns, g.gap_end_ns) - g.gap_start_ns
-FROM gaps AS g
-ASOF JOIN _host_gaps_leaves AS l ON l.global_tid = g.global_tid AND l.start_ns < g.gap_start_ns
-WHERE l.end_ns > g.gap_start_ns;
+SELECT g.global_tid, g.iteration, g.gap_seq, l.phase_rank, least(l.end_ns, g.end_ns) - g.start_ns
+FROM pieces AS g
+ASOF JOIN _host_gaps_leaves AS l ON l.global_tid = g.global_tid AND l.start_ns < g.start_ns
+WHERE l.end_ns > g.start_ns;
 
 -- host_gaps_parts, with each gap's gap_seq (the key the summaries below join gaps on).
 CREATE VIEW _host_gaps_parts_keyed AS

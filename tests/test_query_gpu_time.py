@@ -265,6 +265,10 @@ def test_random_captures_agree_with_the_plain_python_accounting(trace, tables):
         parts[device, kind, cause_kind, cause] += dur_ns
     assert +parts == Counter({(device, *key): ns for device, (_, _, causes) in reference.items()
                               for key, ns in causes.items()})
+    # One definition of idle: the host gaps (steps on one thread) are idle time between iterations on every
+    # device, all of it where the process has one device.
+    gaps = sum(g[5] for g in trace.query("host_gaps", GENERIC))
+    assert all(gaps <= r[10] for r in rows) and (len(rows) > 1 or gaps == rows[0][10])
 
 
 # Seventy threads of one process, each with a leaf range and a launch call that overlap the next thread's;

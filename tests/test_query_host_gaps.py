@@ -136,6 +136,21 @@ def test_only_innermost_phases_count_and_start_end_ranges_take_no_part(trace):
     ]
 
 
+def test_gpu_work_of_another_stream_inside_a_gap_is_no_gap_time(trace):
+    """A kernel launched outside every step (a sampler after the step's range, a copy on a stream of its own)
+    runs inside the would-be gap before iteration 2, [120, 250): the device is busy then, so the gap is the
+    rest, 100 ns, split only over its idle pieces [120, 160) and [190, 250); and the track's gap time equals
+    gpu_time's idle time between iterations, one definition of idle."""
+    tables = merge(GPU_THREE_STEPS, gpu_launch(4, 140, 160, 190))
+    tables["gpu_ops"] = [{**op, "device_id": 0} for op in tables["gpu_ops"]]  # one GPU, so that gpu_time has a row
+    trace.load(tables)
+    assert trace.query("host_gaps") == [(TID_A, 0, 1, 115, 115, 0), (TID_A, 0, 2, 120, 250, 100)]
+    assert [p for p in trace.query("host_gaps_parts") if p[1] == 2] == [
+        (TID_A, 2, "forward", 60), (TID_A, 2, "sample", 10), (TID_A, 2, "schedule", 20), (TID_A, 2, "unattributed", 10)]
+    ((between,),) = trace.sql("SELECT idle_between_ns FROM gpu_time")
+    assert between == sum(g[5] for g in trace.query("host_gaps")) == 100
+
+
 def test_overlapping_device_work_makes_a_zero_gap(trace):
     trace.load(GPU_THREE_STEPS)
     # Iteration 1's kernel starts at 115, before iteration 0's ends at 120: gap 0. The next gap
