@@ -68,8 +68,10 @@ def _idle_causes(runs: list[RunData], gpu: list[RunData]) -> Section:
     section = Section("gpu-idle", "Why the GPU sat idle",
                       "Each idle span is split by what the host was doing meanwhile: an NVTX leaf range on any "
                       "thread of the process that launched the GPU work (the thread that launched most wins where "
-                      "several are in one), else the CUDA API call in flight on a launching thread (cuda_sync: a "
-                      "synchronize or a synchronous copy; cuda_launch; cuda_memcpy; cuda_other), else unattributed.",
+                      "several are in one), else the CUDA or HIP API call in flight on a launching thread "
+                      "(cuda_sync: a synchronize or a synchronous copy; cuda_launch; cuda_graph_launch; "
+                      "cuda_memcpy; cuda_memset; cuda_other), else the Python function that thread was in (python, "
+                      "on a trace with stack frames), else unattributed.",
                       _left_out(runs, gpu))
     section.blocks.append(TableBlock("Idle time by host cause", _stacked(gpu, _CAUSES),
                                      f"per GPU, the {TOP_ROWS} causes that took the most idle time; idle share: of "

@@ -1,9 +1,10 @@
 -- GPU idle parts: each idle span split by what the host of its process was doing, and idle time by cause.
 --
 -- Notes. The idle spans are gpu_time.sql's; each is split by the host activity of its process
--- (host_activity.sql: an NVTX leaf range on any thread, else the CUDA API call in flight on a
--- launching thread), and what no host interval covers is `unattributed`, so a span's parts add up to
--- the span. A GPU's idle spans are disjoint, and so are the pieces its process's host intervals won,
+-- (host_activity.sql: an NVTX leaf range on any thread, else the CUDA or HIP API call in flight on a
+-- launching thread, else the Python frame that thread was in), and what no host interval covers is
+-- `unattributed`, so a span's parts add up to the span. Each part also names the engine-level frame
+-- its thread was in, where the trace has stack frames. A GPU's idle spans are disjoint, and so are the pieces its process's host intervals won,
 -- so their intersection is two ASOF joins (a span starting inside a piece, or a piece starting
 -- inside a span), as host_gaps.sql does for gaps.
 
@@ -16,21 +17,21 @@ WITH
     SELECT g.device_id, w.* FROM _host_activity_won AS w JOIN _gpu_time_gpus AS g USING (global_pid)
   ),
   pieces AS (
-    SELECT i.*, w.global_tid, w.cause_id, least(i.end_ns, w.end_ns) - i.start_ns AS part_ns
+    SELECT i.*, w.global_tid, w.cause_id, w.engine_frame_id, least(i.end_ns, w.end_ns) - i.start_ns AS part_ns
     FROM idle AS i
     ASOF JOIN won AS w ON w.device_id = i.device_id AND w.global_pid = i.global_pid AND w.start_ns <= i.start_ns
     WHERE i.start_ns < w.end_ns
     UNION ALL
-    SELECT i.*, w.global_tid, w.cause_id, least(i.end_ns, w.end_ns) - w.start_ns
+    SELECT i.*, w.global_tid, w.cause_id, w.engine_frame_id, least(i.end_ns, w.end_ns) - w.start_ns
     FROM won AS w
     ASOF JOIN idle AS i ON i.device_id = w.device_id AND i.global_pid = w.global_pid AND i.start_ns < w.start_ns
     WHERE w.start_ns < i.end_ns
   ),
   attributed AS MATERIALIZED (
-    SELECT device_id, global_pid, start_ns, global_tid, cause_id, any_value(end_ns) AS end_ns, any_value(kind) AS kind,
-           any_value(iteration) AS iteration, sum(part_ns)::BIGINT AS dur_ns
+    SELECT device_id, global_pid, start_ns, global_tid, cause_id, engine_frame_id, any_value(end_ns) AS end_ns,
+           any_value(kind) AS kind, any_value(iteration) AS iteration, sum(part_ns)::BIGINT AS dur_ns
     FROM pieces
-    GROUP BY device_id, global_pid, start_ns, global_tid, cause_id
+    GROUP BY device_id, global_pid, start_ns, global_tid, cause_id, engine_frame_id
   ),
   covered AS (
     SELECT device_id, global_pid, start_ns, sum(dur_ns) AS dur_ns FROM attributed GROUP BY ALL
@@ -38,12 +39,13 @@ WITH
   -- each cause's place in (cause_kind, cause) order, so that the parts sort on integers
   causes AS (SELECT *, row_number() OVER (ORDER BY cause_kind, cause)::INTEGER AS position FROM _host_activity_causes)
 SELECT a.device_id, a.global_pid, a.start_ns, a.end_ns, a.kind, a.iteration, c.cause_kind, c.cause, a.global_tid,
-       a.dur_ns, c.position
+       e.cause AS engine_frame, a.dur_ns, c.position
 FROM attributed AS a
 JOIN causes AS c ON c.cause_id = a.cause_id
+LEFT JOIN causes AS e ON e.cause_id = a.engine_frame_id
 UNION ALL
 SELECT p.device_id, p.global_pid, p.start_ns, p.end_ns, p.kind, p.iteration, 'unattributed', 'unattributed', NULL,
-       (p.end_ns - p.start_ns - coalesce(c.dur_ns, 0))::BIGINT, 2147483647
+       NULL, (p.end_ns - p.start_ns - coalesce(c.dur_ns, 0))::BIGINT, 2147483647
 FROM idle AS p
 LEFT JOIN covered AS c USING (device_id, global_pid, start_ns);
 
@@ -61,18 +63,20 @@ CREATE VIEW gpu_idle_parts (
   kind,
   -- The iteration the span lies in or after (gpu_time_idle.iteration).
   iteration,
-  -- 'nvtx' (an NVTX leaf range), 'cuda_sync', 'cuda_launch', 'cuda_memcpy', 'cuda_other' (the CUDA API call in flight on a launching thread), or 'unattributed'.
+  -- 'nvtx' (an NVTX leaf range), 'cuda_sync', 'cuda_launch', 'cuda_graph_launch', 'cuda_memcpy', 'cuda_memset', 'cuda_other' (the CUDA or HIP API call in flight on a launching thread), 'python' (the Python frame it was in), or 'unattributed'.
   cause_kind,
-  -- The leaf's phase name or the API function's name; 'unattributed' for time no host interval covers.
+  -- The leaf's phase name, the API function's name or the frame (`path(line): function`); 'unattributed' for time no host interval covers.
   cause,
   -- The thread the cause ran on; NULL for unattributed.
   global_tid,
   -- Time of the span with this cause; every span has an unattributed row, possibly 0.
-  dur_ns
+  dur_ns,
+  -- The engine-level frame that thread was in (input preparation, the forward pass, sampling, the scheduler: an engine's frame phases); NULL without stack frames or outside them.
+  engine_frame
 ) AS
-SELECT device_id, global_pid, start_ns, end_ns, kind, iteration, cause_kind, cause, global_tid, dur_ns
+SELECT device_id, global_pid, start_ns, end_ns, kind, iteration, cause_kind, cause, global_tid, dur_ns, engine_frame
 FROM _gpu_idle_parts
-ORDER BY device_id, global_pid, start_ns, position, global_tid;
+ORDER BY device_id, global_pid, start_ns, position, global_tid, engine_frame NULLS FIRST;
 
 -- Per GPU and cause, the idle time it took: what the host was doing while each GPU sat idle.
 CREATE VIEW gpu_time_causes (

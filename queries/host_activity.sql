@@ -1,22 +1,29 @@
 -- Host activity: what the host threads of each process that ran GPU work were doing, as disjoint pieces of time.
 --
--- Notes. Two kinds of host interval take part. NVTX leaves: push/pop ranges matching the phase
--- pattern (and domain) of the mapping, on any thread of the process, a leaf being one that holds
--- no other such range (host_gaps.sql's rule, so the same range is a phase in both). CUDA API calls:
--- the runtime and driver calls of the process's launching threads (the threads whose calls launched
--- GPU work), each clipped to the part that no earlier call on its thread already covers (by start,
--- longest first, then api_id), so that a driver call inside a runtime call counts as the runtime
--- call. On one thread each kind is disjoint.
--- At an instant where several are in flight, one wins: an NVTX leaf over any API call, and among
--- threads, the one that launched the most GPU work (then the lower global_tid). Threads are ranked
--- per process and per kind, and every thread takes part, however many there are.
+-- Notes. Three kinds (levels) of host interval take part. NVTX leaves: push/pop ranges (or stack
+-- frames) matching the phase pattern (and domain) of the mapping, on any thread of the process, a
+-- leaf being one that holds no other such range (host_gaps.sql's rule, so the same range is a phase
+-- in both). CUDA API calls: the runtime and driver calls (CUDA's or HIP's) of the process's
+-- launching threads (the threads whose calls launched GPU work), each clipped to the part that no
+-- earlier call on its thread already covers (by start, longest first, then api_id), so that a
+-- driver call inside a runtime call counts as the runtime call. Python frames: on a launching
+-- thread of a trace with stack frames, the innermost frame at each instant (the function the thread
+-- was in, `path(line): function`). On one thread each kind is disjoint.
+-- At an instant where several are in flight, one wins: an NVTX leaf over any API call, an API call
+-- over a frame, and among threads, the one that launched the most GPU work (then the lower
+-- global_tid). Threads are ranked per process and per kind, and every thread takes part, however many
+-- there are. Each piece also names the engine-level frame its thread was in: the innermost frame
+-- matching an engine's frame phases (queries/presets.toml: input preparation, the forward pass,
+-- sampling, the scheduler), so that an idle span reads as a line of the server's code.
 --
 -- How it is computed without comparing intervals pairwise: per process and kind, where one thread has
 -- such intervals they are disjoint already and win as they are; where several do, a sweep in time
 -- order finds the winner between two consecutive instants (a running XOR of bit strings, a bit per
--- thread). The API calls then count only where no leaf is: an intersection of two sets of disjoint
--- intervals, done by two ASOF joins as host_gaps.sql does. host_activity cuts the winners at every
--- start and end of any interval, so consecutive pieces may belong to the same interval.
+-- thread). The kinds are then cut at every start and end of any of them, and each cut goes to the
+-- highest kind in flight (one ASOF join per kind: a kind's pieces are disjoint). The innermost frame
+-- comes from a sweep over each thread's frames: a frame is innermost from its start to the start of
+-- its first child, and after each child's end until the next; consecutive pieces may belong to the
+-- same interval.
 
 -- Threads ranked per process and kind: those with phase ranges (nvtx) and those that launched GPU
 -- work (cuda), the one that launched the most first, then by global_tid. Every thread takes part.
@@ -33,7 +40,7 @@ WITH
     SELECT DISTINCT r.global_pid, r.global_tid
     FROM nvtx_ranges AS r
     JOIN _host_gaps_phase_names AS n ON n.text = r.text
-    WHERE r.range_kind <> 'start_end'
+    WHERE r.range_kind <> 'start_end' AND (r.range_kind <> 'python_frame' OR mapping_phase_pattern() <> '')
       AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
       AND r.global_pid IN (SELECT global_pid FROM processes)
   )
@@ -42,9 +49,47 @@ SELECT t.global_pid, t.global_tid, 'nvtx' AS level,
          AS rank
 FROM leaf_threads AS t LEFT JOIN launches AS l USING (global_pid, global_tid)
 UNION ALL
-SELECT global_pid, global_tid, 'cuda',
-       (row_number() OVER (PARTITION BY global_pid ORDER BY launches DESC, global_tid) - 1)::INTEGER
-FROM launches;
+SELECT global_pid, global_tid, level,
+       (row_number() OVER (PARTITION BY global_pid, level ORDER BY launches DESC, global_tid) - 1)::INTEGER
+FROM launches CROSS JOIN (VALUES ('cuda'), ('python')) AS k(level);
+
+-- The frames that stand for an engine's phases: the frame phases of every preset on Python stack frames.
+CREATE MACRO host_activity_engine_frame_pattern() AS mapping_preset_frame_phases();
+
+-- Per thread, the Python frame innermost at each instant, as disjoint pieces; with `engine_only`, of the
+-- frames that match an engine's frame phases only (host_activity_engine_frame_pattern). Each frame
+-- opens and closes (at one instant, closes first, the inner before the outer; opens outer first); its
+-- depth is how many frames are open before it opens, and its parent the frame of one depth less that
+-- opened last before it. After an open the frame opened is innermost, after a close its parent.
+CREATE MACRO _host_activity_innermost(engine_only) AS TABLE
+WITH
+  frames AS (
+    SELECT range_id, global_pid, global_tid, start_ns, end_ns
+    FROM nvtx_ranges
+    WHERE range_kind = 'python_frame' AND end_ns > start_ns
+      AND (NOT engine_only OR regexp_matches(text, host_activity_engine_frame_pattern()))
+  ),
+  edges AS (
+    SELECT range_id, global_pid, global_tid, start_ns AS ts, 1 AS delta, range_id AS key FROM frames
+    UNION ALL
+    SELECT range_id, global_pid, global_tid, end_ns, -1, -range_id FROM frames
+  ),
+  ordered AS (
+    SELECT *, sum(delta) OVER (PARTITION BY global_tid ORDER BY ts, delta, key ROWS UNBOUNDED PRECEDING) AS open_after,
+           lead(ts) OVER (PARTITION BY global_tid ORDER BY ts, delta, key) AS next_ts
+    FROM edges
+  ),
+  depths AS (SELECT range_id, global_tid, ts AS start_ns, open_after - 1 AS depth FROM ordered WHERE delta = 1),
+  parents AS (
+    SELECT c.range_id, p.range_id AS parent_id
+    FROM depths AS c
+    ASOF LEFT JOIN depths AS p ON p.global_tid = c.global_tid AND p.depth = c.depth - 1 AND p.range_id < c.range_id
+  )
+SELECT o.global_pid, o.global_tid, o.ts AS start_ns, o.next_ts AS end_ns,
+       CASE WHEN o.delta = 1 THEN o.range_id ELSE p.parent_id END AS frame_id
+FROM ordered AS o
+JOIN parents AS p USING (range_id)
+WHERE o.next_ts > o.ts AND (o.delta = 1 OR p.parent_id IS NOT NULL);
 
 -- What a CUDA or HIP runtime (or driver) call does to the host, by its name: HIP's calls are classed
 -- as their CUDA counterparts. 'cuda_sync': it waits for the device (a synchronize, or a copy that is
@@ -62,19 +107,29 @@ CREATE MACRO host_activity_api_class(name) AS CASE
 END;
 
 -- The causes an interval can stand for, each with an id: the phases (ids 1, 2, ... as host_gaps
--- ranks them) and, after them, the CUDA and HIP API functions, each classed once by its name.
+-- ranks them), after them the CUDA and HIP API functions, each classed once by its name, and after
+-- them the Python frames of the processes with GPU work (cause_kind python, the frame's text).
 CREATE VIEW _host_activity_causes AS
 WITH
   phases AS (SELECT DISTINCT phase_rank AS cause_id, 'nvtx' AS cause_kind, phase AS cause FROM _host_gaps_phase_names),
-  names AS (SELECT unnest(list(DISTINCT name ORDER BY name)) AS name FROM cuda_api)
+  names AS (SELECT unnest(list(DISTINCT name ORDER BY name)) AS name FROM cuda_api),
+  calls AS (
+    SELECT (coalesce((SELECT max(cause_id) FROM phases), 0) + row_number() OVER (ORDER BY name))::INTEGER AS cause_id,
+           host_activity_api_class(name) AS cause_kind, name AS cause
+    FROM names
+    WHERE name IS NOT NULL
+  ),
+  frames AS (
+    SELECT unnest(list(DISTINCT text ORDER BY text)) AS text FROM nvtx_ranges
+    WHERE range_kind = 'python_frame' AND global_pid IN (SELECT global_pid FROM gpu_ops)
+  )
 SELECT * FROM phases
 UNION ALL
-SELECT
-  (coalesce((SELECT max(cause_id) FROM phases), 0) + row_number() OVER (ORDER BY name))::INTEGER,
-  host_activity_api_class(name),
-  name
-FROM names
-WHERE name IS NOT NULL;
+SELECT * FROM calls
+UNION ALL
+SELECT (coalesce((SELECT max(cause_id) FROM calls), (SELECT max(cause_id) FROM phases), 0)
+        + row_number() OVER (ORDER BY text))::INTEGER, 'python', text
+FROM frames;
 
 -- Every interval that takes part, with its level, rank and cause id: NVTX leaves, then each launching
 -- thread's calls clipped to what its earlier calls left uncovered. A leaf still open when the
@@ -96,7 +151,7 @@ WITH
         AS next_start_ns
     FROM nvtx_ranges AS r
     JOIN _host_gaps_phase_names AS n ON n.text = r.text
-    WHERE r.range_kind <> 'start_end'
+    WHERE r.range_kind <> 'start_end' AND (r.range_kind <> 'python_frame' OR mapping_phase_pattern() <> '')
       AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
       AND r.global_tid IN (SELECT global_tid FROM ranks WHERE level = 'nvtx')
   ),
@@ -119,10 +174,19 @@ WITH
     FROM calls
     WHERE end_ns > coalesce(covered_until_ns, start_ns)
   ),
+  frames AS (
+    SELECT f.global_pid, f.global_tid, f.start_ns, f.end_ns, c.cause_id
+    FROM _host_activity_innermost(false) AS f
+    JOIN nvtx_ranges AS r ON r.range_id = f.frame_id
+    JOIN _host_activity_causes AS c ON c.cause = r.text AND c.cause_kind = 'python'
+    WHERE f.global_tid IN (SELECT global_tid FROM ranks WHERE level = 'python')
+  ),
   both_kinds AS (
     SELECT *, 'nvtx' AS level FROM leaves
     UNION ALL
     SELECT *, 'cuda' FROM clipped
+    UNION ALL
+    SELECT *, 'python' FROM frames
   )
 SELECT b.global_pid, b.global_tid, b.start_ns, b.end_ns, b.cause_id, b.level, k.rank, k.threads
 FROM both_kinds AS b
@@ -158,44 +222,44 @@ SELECT w.global_pid, w.level, w.ts, w.next_ts, i.global_tid, i.cause_id
 FROM won AS w
 ASOF JOIN shared AS i ON i.global_pid = w.global_pid AND i.level = w.level AND i.rank = w.rank AND i.start_ns <= w.ts;
 
--- Per process, disjoint pieces of time, each with the interval that won it: the NVTX pieces, and the
--- CUDA pieces less the leaves. A call's piece first loses what the leaf in flight at its start covers
--- (the latest leaf to start at or before it: one ASOF join), which most often is all of it; what is
--- left loses the leaves that start inside it (the latest such rest to start at or before each leaf:
--- another), and keeps the spans between them.
+-- Per process, disjoint pieces of time, each with the interval that won it and the engine-level frame
+-- its thread was in: the levels cut at every start and end of any of them, each cut to the highest
+-- level in flight over it (NVTX, then CUDA, then Python: the latest piece of a level to start at or
+-- before the cut, if it still runs).
 CREATE VIEW _host_activity_won AS
 WITH
   levels AS MATERIALIZED (SELECT * FROM _host_activity_level_won),
-  nvtx AS (SELECT global_pid, start_ns, end_ns, global_tid, cause_id FROM levels WHERE level = 'nvtx'),
-  cuda AS (SELECT global_pid, start_ns, end_ns, global_tid, cause_id FROM levels WHERE level = 'cuda'),
-  rests AS MATERIALIZED (
-    SELECT c.global_pid, greatest(c.start_ns, coalesce(n.end_ns, c.start_ns)) AS start_ns, c.end_ns, c.global_tid,
-           c.cause_id
-    FROM cuda AS c
-    ASOF LEFT JOIN nvtx AS n ON n.global_pid = c.global_pid AND n.start_ns <= c.start_ns
-    WHERE c.end_ns > coalesce(n.end_ns, c.start_ns)
-  ),
+  nvtx AS (SELECT * FROM levels WHERE level = 'nvtx'),
+  cuda AS (SELECT * FROM levels WHERE level = 'cuda'),
+  python AS (SELECT * FROM levels WHERE level = 'python'),
+  instants AS (SELECT global_pid, start_ns AS ts FROM levels UNION SELECT global_pid, end_ns FROM levels),
   cuts AS (
-    SELECT r.global_pid, r.start_ns AS rest_ns, n.start_ns, n.end_ns
-    FROM nvtx AS n
-    ASOF JOIN rests AS r ON r.global_pid = n.global_pid AND r.start_ns <= n.start_ns
-    WHERE n.start_ns < r.end_ns
+    SELECT global_pid, ts AS start_ns, lead(ts) OVER (PARTITION BY global_pid ORDER BY ts) AS end_ns FROM instants
   ),
-  spans AS (
-    SELECT global_pid, rest_ns, end_ns AS start_ns,
-           lead(start_ns) OVER (PARTITION BY global_pid, rest_ns ORDER BY start_ns) AS end_ns
-    FROM cuts
-    UNION ALL
-    SELECT global_pid, rest_ns, rest_ns, min(start_ns) FROM cuts GROUP BY ALL
+  winners AS (
+    SELECT
+      c.global_pid, c.start_ns, c.end_ns,
+      CASE WHEN n.end_ns > c.start_ns THEN n.global_tid WHEN u.end_ns > c.start_ns THEN u.global_tid
+           WHEN p.end_ns > c.start_ns THEN p.global_tid END AS global_tid,
+      CASE WHEN n.end_ns > c.start_ns THEN n.cause_id WHEN u.end_ns > c.start_ns THEN u.cause_id
+           WHEN p.end_ns > c.start_ns THEN p.cause_id END AS cause_id
+    FROM cuts AS c
+    ASOF LEFT JOIN nvtx AS n ON n.global_pid = c.global_pid AND n.start_ns <= c.start_ns
+    ASOF LEFT JOIN cuda AS u ON u.global_pid = c.global_pid AND u.start_ns <= c.start_ns
+    ASOF LEFT JOIN python AS p ON p.global_pid = c.global_pid AND p.start_ns <= c.start_ns
+    WHERE c.end_ns > c.start_ns
+  ),
+  engine AS (
+    SELECT f.global_tid, f.start_ns, f.end_ns, c.cause_id
+    FROM _host_activity_innermost(true) AS f
+    JOIN nvtx_ranges AS r ON r.range_id = f.frame_id
+    JOIN _host_activity_causes AS c ON c.cause = r.text AND c.cause_kind = 'python'
   )
-SELECT * FROM nvtx
-UNION ALL
-SELECT r.* FROM rests AS r ANTI JOIN cuts AS k ON k.global_pid = r.global_pid AND k.rest_ns = r.start_ns
-UNION ALL
-SELECT r.global_pid, s.start_ns, least(coalesce(s.end_ns, r.end_ns), r.end_ns), r.global_tid, r.cause_id
-FROM spans AS s
-JOIN rests AS r ON r.global_pid = s.global_pid AND r.start_ns = s.rest_ns
-WHERE least(coalesce(s.end_ns, r.end_ns), r.end_ns) > s.start_ns;
+SELECT w.global_pid, w.start_ns, w.end_ns, w.global_tid, w.cause_id,
+       CASE WHEN e.end_ns > w.start_ns THEN e.cause_id END AS engine_frame_id
+FROM winners AS w
+ASOF LEFT JOIN engine AS e ON e.global_tid = w.global_tid AND e.start_ns <= w.start_ns
+WHERE w.cause_id IS NOT NULL;
 
 -- Per process, disjoint pieces of time, each with the host interval that was in flight and won.
 CREATE VIEW host_activity (
@@ -207,10 +271,12 @@ CREATE VIEW host_activity (
   end_ns,
   -- The thread whose interval this is.
   global_tid,
-  -- 'nvtx' (a leaf range), or the CUDA API call's class: 'cuda_sync' (device, stream or event synchronize, a synchronous memcpy), 'cuda_launch', 'cuda_memcpy' (an asynchronous memcpy or a memset) or 'cuda_other'.
+  -- 'nvtx' (a leaf range), the CUDA or HIP API call's class (host_activity_api_class: 'cuda_sync', 'cuda_launch', 'cuda_graph_launch', 'cuda_memcpy', 'cuda_memset', 'cuda_other'), or 'python' (the thread's innermost stack frame).
   cause_kind,
-  -- The leaf's phase name (mapping_phase_name) or the API function's name.
-  cause
+  -- The leaf's phase name (mapping_phase_name), the API function's name, or the frame (`path(line): function`).
+  cause,
+  -- The engine-level frame the thread was in (an engine's frame phase: input preparation, the forward pass, sampling, the scheduler); NULL without one.
+  engine_frame
 ) AS
 WITH
   intervals AS MATERIALIZED (SELECT global_pid, start_ns, end_ns FROM _host_activity_intervals),
@@ -218,9 +284,10 @@ WITH
   cuts AS (
     SELECT global_pid, ts AS start_ns, lead(ts) OVER (PARTITION BY global_pid ORDER BY ts) AS end_ns FROM instants
   )
-SELECT p.global_pid, p.start_ns, p.end_ns, w.global_tid, c.cause_kind, c.cause
+SELECT p.global_pid, p.start_ns, p.end_ns, w.global_tid, c.cause_kind, c.cause, e.cause
 FROM cuts AS p
 ASOF JOIN _host_activity_won AS w ON w.global_pid = p.global_pid AND w.start_ns <= p.start_ns
 JOIN _host_activity_causes AS c ON c.cause_id = w.cause_id
+LEFT JOIN _host_activity_causes AS e ON e.cause_id = w.engine_frame_id
 WHERE p.end_ns IS NOT NULL AND w.end_ns > p.start_ns
 ORDER BY p.global_pid, p.start_ns;

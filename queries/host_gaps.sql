@@ -172,7 +172,7 @@ WITH
         AS next_start_ns
     FROM nvtx_ranges AS r
     JOIN _host_gaps_phase_names AS n ON n.text = r.text
-    WHERE r.range_kind <> 'start_end'
+    WHERE r.range_kind <> 'start_end' AND (r.range_kind <> 'python_frame' OR mapping_phase_pattern() <> '')
       AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
       AND r.global_tid IN (SELECT global_tid FROM _iterations_device WHERE device_start_ns IS NOT NULL)
   )

@@ -18,6 +18,7 @@ COUNT_COLUMNS = {"mode": "VARCHAR", "batch_size": "BIGINT", "tokens": "BIGINT", 
                  "prefill_tokens": "BIGINT", "decode_requests": "BIGINT", "decode_tokens": "BIGINT",
                  "context_tokens": "BIGINT"}
 ITERATION_FROM = ("payload", "text", "order")
+RANGES = ("nvtx", "annotations", "frames")
 AUTO, GENERIC = "auto", "generic"  # the two values of --param preset that are no row
 
 
@@ -37,6 +38,7 @@ class Preset:
     name: str
     engine: str
     source: str
+    ranges: str  # nvtx, annotations or frames
     step: str
     domain: str | None
     phases: str
@@ -63,11 +65,13 @@ def _preset(row: dict) -> Preset:
     where = f"{PRESETS_FILE}: preset {row.get('name')!r}"
     if row["iteration_from"] not in ITERATION_FROM:
         raise RuntimeError(f"{where}: iteration_from must be one of {', '.join(ITERATION_FROM)}")
+    if row["ranges"] not in RANGES:
+        raise RuntimeError(f"{where}: ranges must be one of {', '.join(RANGES)}")
     counts = tuple(Counts(c["pattern"], tuple(c["columns"])) for c in row["counts"])
     for c in counts:
         if unknown := set(c.columns) - set(COUNT_COLUMNS):
             raise RuntimeError(f"{where}: unknown count columns {sorted(unknown)}")
-    return Preset(row["name"], row["engine"], row["source"], row["step"], row["domain"] or None, row["phases"],
+    return Preset(row["name"], row["engine"], row["source"], row["ranges"], row["step"], row["domain"] or None, row["phases"],
                   row["device"] or None, row["iteration_from"], counts, row["capture"], row["finds"],
                   row["names_from"])
 
@@ -121,6 +125,10 @@ def _counts_macro() -> str:
     return f"CASE {' '.join(whens)} ELSE {empty} END"
 
 
+def _frame_phases() -> str:
+    return "|".join(f"(?:{p.phases})" for p in presets() if p.ranges == "frames") or "$^"
+
+
 @cache
 def module_sql() -> str:
     """The SQL module `mapping_presets`: the presets' macros and their table."""
@@ -149,6 +157,10 @@ CREATE MACRO mapping_preset_device_pattern(preset) AS {_case("device")};
 
 -- How each preset numbers iterations: payload, text or order.
 CREATE MACRO mapping_preset_iteration_from(preset) AS coalesce({_case("iteration_from")}, 'order');
+
+-- The frames that stand for an engine's phases (input preparation, the forward pass, sampling, the
+-- scheduler): the phases of every preset on Python stack frames, whichever preset is in effect.
+CREATE MACRO mapping_preset_frame_phases() AS {_literal(_frame_phases())};
 
 -- The counts a step's text carries under each preset, as a struct of the step_counts columns (NULL where it carries none).
 CREATE MACRO mapping_preset_counts(preset, text) AS {_counts_macro()};

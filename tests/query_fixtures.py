@@ -166,6 +166,13 @@ def start_end(range_id: int, text: str, start_ns: int, end_ns: int | None, *, ti
     return {**row, "range_kind": "start_end", "depth": None}
 
 
+def frame(range_id: int, text: str, start_ns: int, end_ns: int, *, tid: int = TID_A, parent: int | None = None,
+          depth: int = 0) -> dict:
+    """A Python stack frame (a torch profiler trace's python_function event), named `path(line): function`."""
+    return {**push_pop(range_id, text, start_ns, end_ns, tid=tid, parent=parent, depth=depth, domain=None),
+            "range_kind": "python_frame"}
+
+
 def mark(mark_id: int, text: str, ts_ns: int, payload: int, *, tid: int = TID_A,
          domain: str | None = "itertrace") -> dict:
     """An nvtx_marks row."""

@@ -11,7 +11,7 @@ import pytest
 from gpu_time_reference import CUDA, NVTX, HostInterval, accounting, api_class, clipped_calls, leaves
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from query_fixtures import PID_100, PID_200, TID_A, TID_B, TID_C, TraceDB, pid_of, projection, push_pop
+from query_fixtures import PID_100, PID_200, TID_A, TID_B, TID_C, TraceDB, frame, pid_of, projection, push_pop
 
 from itertrace.errors import UserError
 
@@ -86,11 +86,11 @@ def test_two_streams_and_a_memcpy_count_their_overlap_once(trace):
     assert trace.query("gpu_time_idle", GENERIC) == [(0, PID_100, 0, 10, 10, "outside", None),
                                                      (0, PID_100, 50, 70, 20, "outside", None)]
     assert trace.query("gpu_idle_parts", GENERIC) == [
-        (0, PID_100, 0, 10, "outside", None, "cuda_launch", LAUNCH, TID_A, 8),
-        (0, PID_100, 0, 10, "outside", None, "cuda_memcpy", COPY, TID_A, 1),
-        (0, PID_100, 0, 10, "outside", None, "unattributed", "unattributed", None, 1),
-        (0, PID_100, 50, 70, "outside", None, "cuda_launch", LAUNCH, TID_A, 2),
-        (0, PID_100, 50, 70, "outside", None, "unattributed", "unattributed", None, 18)]
+        (0, PID_100, 0, 10, "outside", None, "cuda_launch", LAUNCH, TID_A, 8, None),
+        (0, PID_100, 0, 10, "outside", None, "cuda_memcpy", COPY, TID_A, 1, None),
+        (0, PID_100, 0, 10, "outside", None, "unattributed", "unattributed", None, 1, None),
+        (0, PID_100, 50, 70, "outside", None, "cuda_launch", LAUNCH, TID_A, 2, None),
+        (0, PID_100, 50, 70, "outside", None, "unattributed", "unattributed", None, 18, None)]
 
 
 def test_idle_before_inside_between_and_after_iterations(trace):
@@ -102,14 +102,14 @@ def test_idle_before_inside_between_and_after_iterations(trace):
                                             (0, PID_100, 80, 90, 10, "outside", 1)]
     other = "cudaFuncGetAttributes_v9000"
     assert trace.query("gpu_idle_parts") == [
-        (0, PID_100, 0, 20, "outside", None, "cuda_launch", LAUNCH, TID_A, 4),
-        (0, PID_100, 0, 20, "outside", None, "unattributed", "unattributed", None, 16),
-        (0, PID_100, 30, 35, "within", 0, "unattributed", "unattributed", None, 5),
-        (0, PID_100, 45, 60, "between", 0, "cuda_other", other, TID_A, 2),
-        (0, PID_100, 45, 60, "between", 0, "nvtx", "sample", TID_A, 4),
-        (0, PID_100, 45, 60, "between", 0, "nvtx", "schedule", TID_A, 5),  # its launch at 52 is inside it
-        (0, PID_100, 45, 60, "between", 0, "unattributed", "unattributed", None, 4),
-        (0, PID_100, 80, 90, "outside", 1, "unattributed", "unattributed", None, 10)]
+        (0, PID_100, 0, 20, "outside", None, "cuda_launch", LAUNCH, TID_A, 4, None),
+        (0, PID_100, 0, 20, "outside", None, "unattributed", "unattributed", None, 16, None),
+        (0, PID_100, 30, 35, "within", 0, "unattributed", "unattributed", None, 5, None),
+        (0, PID_100, 45, 60, "between", 0, "cuda_other", other, TID_A, 2, None),
+        (0, PID_100, 45, 60, "between", 0, "nvtx", "sample", TID_A, 4, None),
+        (0, PID_100, 45, 60, "between", 0, "nvtx", "schedule", TID_A, 5, None),  # its launch at 52 is inside it
+        (0, PID_100, 45, 60, "between", 0, "unattributed", "unattributed", None, 4, None),
+        (0, PID_100, 80, 90, "outside", 1, "unattributed", "unattributed", None, 10, None)]
     assert trace.query("gpu_time_causes") == [  # idle 50 ns in all
         (0, PID_100, "cuda_launch", LAUNCH, 4, 4 / 50, 0, 0, 4, 1),
         (0, PID_100, "cuda_other", other, 2, 2 / 50, 0, 2, 0, 1),
@@ -124,32 +124,32 @@ def test_idle_before_inside_between_and_after_iterations(trace):
 def test_a_sync_call_covering_an_idle_span_is_cuda_sync(trace):
     trace.load(SYNC_CALL)
     assert trace.query("gpu_idle_parts", GENERIC) == [
-        (0, PID_100, 0, 5, "outside", None, "cuda_launch", LAUNCH, TID_A, 2),
-        (0, PID_100, 0, 5, "outside", None, "cuda_sync", SYNC, TID_A, 2),
-        (0, PID_100, 0, 5, "outside", None, "unattributed", "unattributed", None, 1),
-        (0, PID_100, 20, 35, "outside", None, "cuda_launch", LAUNCH, TID_A, 2),
-        (0, PID_100, 20, 35, "outside", None, "cuda_sync", SYNC, TID_A, 10),
-        (0, PID_100, 20, 35, "outside", None, "unattributed", "unattributed", None, 3)]
+        (0, PID_100, 0, 5, "outside", None, "cuda_launch", LAUNCH, TID_A, 2, None),
+        (0, PID_100, 0, 5, "outside", None, "cuda_sync", SYNC, TID_A, 2, None),
+        (0, PID_100, 0, 5, "outside", None, "unattributed", "unattributed", None, 1, None),
+        (0, PID_100, 20, 35, "outside", None, "cuda_launch", LAUNCH, TID_A, 2, None),
+        (0, PID_100, 20, 35, "outside", None, "cuda_sync", SYNC, TID_A, 10, None),
+        (0, PID_100, 20, 35, "outside", None, "unattributed", "unattributed", None, 3, None)]
 
 
 def test_host_ranges_on_two_threads_the_launching_thread_first(trace):
     trace.load(TWO_THREADS)
     assert trace.query("host_activity", GENERIC) == [
-        (PID_100, 0, 2, TID_A, "cuda_launch", LAUNCH),
-        (PID_100, 5, 10, TID_B, "nvtx", "tokenize"),
-        (PID_100, 10, 15, TID_A, "nvtx", "prepare"),
-        (PID_100, 15, 20, TID_A, "nvtx", "prepare"),
-        (PID_100, 20, 22, TID_A, "cuda_launch", LAUNCH),
-        (PID_100, 30, 45, TID_B, "nvtx", "detokenize")]
+        (PID_100, 0, 2, TID_A, "cuda_launch", LAUNCH, None),
+        (PID_100, 5, 10, TID_B, "nvtx", "tokenize", None),
+        (PID_100, 10, 15, TID_A, "nvtx", "prepare", None),
+        (PID_100, 15, 20, TID_A, "nvtx", "prepare", None),
+        (PID_100, 20, 22, TID_A, "cuda_launch", LAUNCH, None),
+        (PID_100, 30, 45, TID_B, "nvtx", "detokenize", None)]
     assert trace.query("gpu_idle_parts", GENERIC) == [
-        (0, PID_100, 0, 2, "outside", None, "cuda_launch", LAUNCH, TID_A, 2),
-        (0, PID_100, 0, 2, "outside", None, "unattributed", "unattributed", None, 0),
-        (0, PID_100, 8, 25, "outside", None, "cuda_launch", LAUNCH, TID_A, 2),
-        (0, PID_100, 8, 25, "outside", None, "nvtx", "prepare", TID_A, 10),
-        (0, PID_100, 8, 25, "outside", None, "nvtx", "tokenize", TID_B, 2),
-        (0, PID_100, 8, 25, "outside", None, "unattributed", "unattributed", None, 3),
-        (0, PID_100, 35, 45, "outside", None, "nvtx", "detokenize", TID_B, 10),
-        (0, PID_100, 35, 45, "outside", None, "unattributed", "unattributed", None, 0)]
+        (0, PID_100, 0, 2, "outside", None, "cuda_launch", LAUNCH, TID_A, 2, None),
+        (0, PID_100, 0, 2, "outside", None, "unattributed", "unattributed", None, 0, None),
+        (0, PID_100, 8, 25, "outside", None, "cuda_launch", LAUNCH, TID_A, 2, None),
+        (0, PID_100, 8, 25, "outside", None, "nvtx", "prepare", TID_A, 10, None),
+        (0, PID_100, 8, 25, "outside", None, "nvtx", "tokenize", TID_B, 2, None),
+        (0, PID_100, 8, 25, "outside", None, "unattributed", "unattributed", None, 3, None),
+        (0, PID_100, 35, 45, "outside", None, "nvtx", "detokenize", TID_B, 10, None),
+        (0, PID_100, 35, 45, "outside", None, "unattributed", "unattributed", None, 0, None)]
 
 
 def test_two_gpus_and_two_processes_on_one_gpu_are_accounted_apart(trace):
@@ -261,7 +261,7 @@ def test_random_captures_agree_with_the_plain_python_accounting(trace, tables):
         for device, (busy, kinds, _) in reference.items()}
     assert all(r[5] == r[7] + r[8] == r[7] + r[9] + r[10] + r[11] for r in rows)  # parts add up to the window
     parts = Counter()
-    for device, _, _, _, kind, _, cause_kind, cause, _, dur_ns in trace.query("gpu_idle_parts", GENERIC):
+    for device, _, _, _, kind, _, cause_kind, cause, _, dur_ns, _ in trace.query("gpu_idle_parts", GENERIC):
         parts[device, kind, cause_kind, cause] += dur_ns
     assert +parts == Counter({(device, *key): ns for device, (_, _, causes) in reference.items()
                               for key, ns in causes.items()})
@@ -290,12 +290,12 @@ def test_seventy_threads_all_take_part_in_rank_order(trace):
     launched = {0: 15, 68: 5, 69: 15} | {i: 10 for i in range(1, 68)}  # thread 69 beats 68 where they overlap
     leaves = {0: 20, 69: 20} | {i: 10 for i in range(1, 68)}  # 68's leaf lies under 67's and 69's
     assert trace.query("gpu_idle_parts", GENERIC) == (
-        [(*span, "cuda_launch", LAUNCH, thread(i), launched[i]) for i in range(70)]
-        + [(*span, "nvtx", "tokenize", thread(i), leaves[i]) for i in sorted(leaves)]
-        + [(*span, "unattributed", "unattributed", None, 190 + 295)])  # [810, 1000) and [1705, 2000)
-    assert trace.query("host_activity", GENERIC)[:3] == [(PID_100, 100, 110, thread(0), "nvtx", "tokenize"),
-                                                          (PID_100, 110, 120, thread(0), "nvtx", "tokenize"),
-                                                          (PID_100, 120, 130, thread(1), "nvtx", "tokenize")]
+        [(*span, "cuda_launch", LAUNCH, thread(i), launched[i], None) for i in range(70)]
+        + [(*span, "nvtx", "tokenize", thread(i), leaves[i], None) for i in sorted(leaves)]
+        + [(*span, "unattributed", "unattributed", None, 190 + 295, None)])  # [810, 1000) and [1705, 2000)
+    assert trace.query("host_activity", GENERIC)[:3] == [(PID_100, 100, 110, thread(0), "nvtx", "tokenize", None),
+                                                          (PID_100, 110, 120, thread(0), "nvtx", "tokenize", None),
+                                                          (PID_100, 120, 130, thread(1), "nvtx", "tokenize", None)]
 
 
 # Random captures with many threads of one process: each has a few leaf ranges side by side and a few calls
@@ -342,7 +342,37 @@ def test_random_captures_with_many_threads_agree_with_the_plain_python_accountin
     trace.load(tables)
     reference = expected(tables)
     parts = Counter()
-    for device, _, _, _, kind, _, cause_kind, cause, _, dur_ns in trace.query("gpu_idle_parts", GENERIC):
+    for device, _, _, _, kind, _, cause_kind, cause, _, dur_ns, _ in trace.query("gpu_idle_parts", GENERIC):
         parts[device, kind, cause_kind, cause] += dur_ns
     assert +parts == Counter({(device, *key): ns for device, (_, _, causes) in reference.items()
                               for key, ns in causes.items()})
+
+
+# A torch profiler trace with stack frames, as vLLM writes it: thread A is in GPUModelRunner.execute_model
+# throughout; inside it _prepare_inputs (a copy in torch inside that) launches a kernel, and sample_tokens
+# follows. No NVTX phase covers the idle time: each part is the innermost frame (CUDA calls still win over
+# it), with the engine-level frame above it (an engine's frame phases, presets.toml).
+RUNNER = "vllm/v1/worker/gpu_model_runner.py"
+FRAMES = merge(
+    {"nvtx_ranges": [frame(1, f"{RUNNER}(3380): execute_model", 0, 100),
+                     frame(2, f"{RUNNER}(1518): _prepare_inputs", 10, 40, parent=1, depth=1),
+                     frame(3, "torch/_tensor.py(99): copy_", 15, 25, parent=2, depth=2),
+                     frame(4, f"{RUNNER}(4139): sample_tokens", 50, 90, parent=1, depth=1)]},
+    launch(1, (38, 39), (40, 50)))
+
+
+def test_idle_time_names_the_python_frame_and_the_engine_frame_above_it(trace):
+    trace.load(FRAMES)
+    execute, prepare, copy, sample = (f"{RUNNER}(3380): execute_model", f"{RUNNER}(1518): _prepare_inputs",
+                                      "torch/_tensor.py(99): copy_", f"{RUNNER}(4139): sample_tokens")
+    assert trace.query("gpu_time_idle", GENERIC) == [(0, PID_100, 0, 40, 40, "outside", None),
+                                                     (0, PID_100, 50, 100, 50, "outside", None)]
+    assert trace.query("gpu_idle_parts", GENERIC) == [
+        (0, PID_100, 0, 40, "outside", None, "cuda_launch", LAUNCH, TID_A, 1, prepare),
+        (0, PID_100, 0, 40, "outside", None, "python", copy, TID_A, 10, prepare),
+        (0, PID_100, 0, 40, "outside", None, "python", prepare, TID_A, 19, prepare),
+        (0, PID_100, 0, 40, "outside", None, "python", execute, TID_A, 10, None),
+        (0, PID_100, 0, 40, "outside", None, "unattributed", "unattributed", None, 0, None),
+        (0, PID_100, 50, 100, "outside", None, "python", execute, TID_A, 10, None),
+        (0, PID_100, 50, 100, "outside", None, "python", sample, TID_A, 40, sample),
+        (0, PID_100, 50, 100, "outside", None, "unattributed", "unattributed", None, 0, None)]
