@@ -16,7 +16,7 @@ from pathlib import Path
 
 import duckdb
 
-from itertrace.errors import UserError
+from itertrace.errors import UserError, not_a_file
 from itertrace.interrupts import interruptible, quiet_progress
 from itertrace.ingest.arrow_io import first_line
 from itertrace.ingest.kineto import KinetoLoader
@@ -198,8 +198,10 @@ def _pairing_note(con: duckdb.DuckDBPyConnection) -> str | None:
 
 
 def _loader_for(path: Path, loaders: Sequence[Loader]) -> Loader:
-    if not path.exists():
-        raise UserError(f"{path}: no such file or folder")
+    if not path.exists():  # a symbolic link to nothing, or one that loops, says so
+        raise UserError(f"{path}: {not_a_file(path) if path.is_symlink() else 'no such file or folder'}")
+    if not path.is_dir() and (why := not_a_file(path, "file or folder")):  # a FIFO: never opened
+        raise UserError(f"{path}: {why}")
     for loader in loaders:
         if loader.claims(path):
             return loader
