@@ -154,7 +154,7 @@ def _load(con: duckdb.DuckDBPyConnection, plan: list[tuple[Path, Loader]], group
     for loader, claimed in groups:
         loader.finish(claimed, ctx)
     con.commit()
-    notes = tuple(n for n in (_pairing_note(con), unnamed_threads_note(con, RAW_SCHEMA)) if n)
+    notes = tuple(n for n in (*ctx.notes, _pairing_note(con), unnamed_threads_note(con, RAW_SCHEMA)) if n)
     empty = tuple(empty_tables(con, normalized_tables()))
     tables = _table_count(con)
     con.execute("CHECKPOINT")  # everything into the file itself: a full disk fails here, not at close

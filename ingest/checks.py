@@ -191,13 +191,13 @@ def empty_tables(con: duckdb.DuckDBPyConnection, tables: Iterable[str]) -> list[
 
 
 def unnamed_threads_note(con: duckdb.DuckDBPyConnection, schema: str) -> str | None:
-    """A note when the capture's threads have no names because its export holds no ThreadNames table."""
+    """A note when an nsys capture's threads have no names because its export holds no ThreadNames table."""
     tables = {(s, t.lower()) for s, t in con.execute(  # nsys's small tables are views over one table
         "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = current_database() "
         "UNION ALL SELECT schema_name, view_name FROM duckdb_views() WHERE database_name = current_database()"
     ).fetchall()}
-    if ("main", "threads") not in tables or (schema, "threadnames") in tables:
-        return None
+    if ("main", "threads") not in tables or (schema, "threadnames") in tables or not any(s == schema for s, _ in tables):
+        return None  # no threads, named ones, or not an nsys capture (a trace names its threads otherwise)
     threads, named = con.execute("SELECT count(*), count(name) FROM threads").fetchall()[0]
     if not threads or named:
         return None
