@@ -157,7 +157,7 @@ def test_a_cv_the_gamma_draw_cannot_take_is_refused(cv, tmp_path, capsys):
 def test_an_output_no_kv_pool_holds_is_refused_with_the_longest_that_fits(tmp_path, capsys):
     line = refused(capsys, "run", "--workload", "synthetic", "--output-len", "1000000000", "--num-requests", "1",
                    "--out", str(tmp_path / "run"))
-    assert line == ("itertrace: error: --output-len 1000000000: none of the 1 requests can ever run: the KV pool "
+    assert line == ("itertrace: error: --output-len 1000000000: its one request can never run: the KV pool "
                     "holds 65,536 tokens (--num-blocks 4,096 x --block-size 16) and the shortest needs 1,000,000,128 "
                     "(prompt + output); at most 65,408 output tokens fit beside a 128-token prompt"), line
     line = refused(capsys, "run", "--workload", "synthetic", "--prompt-len", "70000", "--output-len", "1",
