@@ -96,6 +96,17 @@ def test_a_tid_that_is_no_integer_is_left_out_with_a_note(tmp_path, capsys):
         "the first: tid 18446744073709551616)"]
 
 
+def test_an_id_in_args_that_is_no_integer_links_nothing(tmp_path, capsys):
+    call = {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 7, "tid": 8, "ts": 11, "dur": 1}
+    src = trace(tmp_path / "t.json", [EVENT, {**call, "args": {"correlation": 2}}, {**call, "ts": 13, "args": {
+        "correlation": True}}, {**KERNEL, "args": {"device": 0, "stream": 7.5, "correlation": 1.5}}])
+    db = tmp_path / "t.duckdb"
+    said = notes(capsys, src, db=db)
+    assert rows(db, "SELECT correlation_id FROM cuda_api ORDER BY start_ns") == [(2,), (None,)]
+    assert rows(db, "SELECT correlation_id, stream_id FROM gpu_ops") == [(None, 7)]  # the stream: its tid
+    assert said == []
+
+
 def test_events_without_ts_or_dur_are_left_out_with_a_note(tmp_path, capsys):
     no_ts = {k: v for k, v in KERNEL.items() if k != "ts"}
     no_dur = {k: v for k, v in KERNEL.items() if k != "dur"}

@@ -3,7 +3,8 @@
 -- digits, where the trace has them), read as DECIMAL so that no digit is lost on the way (a DOUBLE
 -- holds 16 significant digits; 1712195495519689.047 has 19). Of `args` only what the normalized tables
 -- need is taken, with one json_extract per event that needs any; a value of another type than
--- expected (a stream given as text) is NULL, not an error. cpu_op events keep their args whole.
+-- expected (a stream given as text, a correlation id of 1.5) is NULL, not an error, and never rounded
+-- to another id. cpu_op events keep their args whole.
 -- A pid or tid is read where it is the same integer in any form (7, 7.0, "7"); `left_out` marks the
 -- events of the kinds the tables read that cannot be placed (kineto_checks.py deletes them, with a note).
 
@@ -81,13 +82,13 @@ SELECT
   tid_n,
   _kineto_ns(ts, 'ts'),
   _kineto_ns(dur, 'dur'),
-  try_cast(id AS BIGINT),
-  coalesce(try_cast(a[1] AS BIGINT), try_cast(a[2] AS BIGINT)),
-  try_cast(a[3] AS BIGINT),
-  try_cast(a[4] AS BIGINT),
-  try_cast(a[5] AS BIGINT),
-  try_cast(a[6] AS BIGINT),
-  coalesce(try_cast(a[7] AS BIGINT), try_cast(a[8] AS BIGINT)),
+  _kineto_int(id),
+  coalesce(_kineto_int(a[1]), _kineto_int(a[2])),
+  _kineto_int(a[3]),
+  _kineto_int(a[4]),
+  _kineto_int(a[5]),
+  _kineto_int(a[6]),
+  coalesce(_kineto_int(a[7]), _kineto_int(a[8])),
   a[9] ->> '$',
   -- record_function's one integer argument (torch.autograd._record_function_with_args_enter, traced with
   -- record_shapes): the range's payload, as an NVTX range's int64 payload is
