@@ -193,3 +193,14 @@ def test_a_run_file_that_is_a_fifo_says_so(name, tmp_path, target, capsys):
     os.mkfifo(run / name)
     line = refused(capsys, run, db=target)
     assert line == f"itertrace: error: {run / name}: a FIFO, not a file"
+
+
+@pytest.mark.parametrize("kind, why", [("fifo", "a FIFO, not a file or folder"),
+                                       ("dangling", "a symbolic link to {dest}, which does not exist"),
+                                       ("loop", "a symbolic link that loops")])
+@pytest.mark.parametrize("name", ["capture.arrow", "trace.json.gz", "report.nsys-rep"])
+def test_a_source_that_is_no_file_says_what_it_is(kind, why, name, tmp_path, target, capsys):
+    source, dest = tmp_path / name, tmp_path / "gone" / name
+    {"fifo": lambda: os.mkfifo(source), "dangling": lambda: source.symlink_to(dest),
+     "loop": lambda: source.symlink_to(source.name)}[kind]()
+    assert refused(capsys, source, db=target) == f"itertrace: error: {source}: {why.format(dest=dest)}"
