@@ -104,7 +104,8 @@ def check_table(name: str, file: Path, schema: pa.Schema, seen: Iterable[str]) -
         if not column:
             raise UserError(f"{file}: table {name} has a column with no name")
         if (other := columns.get(column.lower())) is not None:
-            both = f"two columns named {column}" if other == column else f"columns {other} and {column}, one name to DuckDB"
+            both = (f"two columns named {column}" if other == column
+                    else f"columns {other} and {column}, one name to DuckDB")
             raise UserError(f"{file}: table {name} has {both}")
         columns[column.lower()] = column
     for other in seen:
@@ -196,8 +197,9 @@ def unnamed_threads_note(con: duckdb.DuckDBPyConnection, schema: str) -> str | N
         "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = current_database() "
         "UNION ALL SELECT schema_name, view_name FROM duckdb_views() WHERE database_name = current_database()"
     ).fetchall()}
-    if ("main", "threads") not in tables or (schema, "threadnames") in tables or not any(s == schema for s, _ in tables):
-        return None  # no threads, named ones, or not an nsys capture (a trace names its threads otherwise)
+    nsys = any(s == schema for s, _ in tables)  # not a PyTorch profiler trace, which names its threads otherwise
+    if ("main", "threads") not in tables or (schema, "threadnames") in tables or not nsys:
+        return None
     threads, named = con.execute("SELECT count(*), count(name) FROM threads").fetchall()[0]
     if not threads or named:
         return None
@@ -220,12 +222,14 @@ def _check_unique_ids(tables: _RawTables, name: str, source: Path) -> None:
         GROUP BY id HAVING count(*) > 1 ORDER BY min(_row) LIMIT 1""").fetchall()
     if found:
         id_, rows, ids = found[0]
-        raise UserError(f"{source}: {name} holds id {id_} in {rows:,} rows ({ids:,} id{' appears' if ids == 1 else 's appear'} "
-                        "more than once); each id must name one row")
+        appear = "id appears" if ids == 1 else "ids appear"
+        raise UserError(f"{source}: {name} holds id {id_} in {rows:,} rows ({ids:,} {appear} more than once); "
+                        "each id must name one row")
 
 
 def _check_times(tables: _RawTables, name: str, intervals: str, source: Path) -> None:
-    """Every start and end within ±TIME_LIMIT_NS, and no interval (a row satisfying `intervals`) ending before it starts."""
+    """Every start and end within ±TIME_LIMIT_NS, and no interval (a row satisfying `intervals`) that ends
+    before it starts."""
     backwards = f'"end" < start AND {intervals}'
     low_start, high_start, low_end, high_end, count, first = tables.con.execute(f"""
         SELECT min(start), max(start), min("end"), max("end"), count(*) FILTER (WHERE {backwards}),

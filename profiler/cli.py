@@ -266,9 +266,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.workload in _WORKLOAD_FLAGS["num_requests"][1]:
         check_request_count(args.num_requests, "--num-requests")
     specs = _workload(args)
-    synthetic = args.workload == "synthetic"
-    notes = check_lengths(specs, spec, f"--prompt-len {args.prompt_len}" if synthetic else f"--workload {args.workload}",
-                          f"--output-len {args.output_len}" if synthetic else f"--workload {args.workload}")
+    named = ((f"--prompt-len {args.prompt_len}", f"--output-len {args.output_len}") if args.workload == "synthetic"
+             else (f"--workload {args.workload}",) * 2)
+    notes = check_lengths(specs, spec, *named)
     reqs = wl.build_requests(specs, seed=args.seed)
     profiling = _torch_profile(args, spec)
     target, tmp = _fresh_dir(args.out)

@@ -50,7 +50,8 @@ def check_lengths(specs: Sequence[RequestSpec], run: RunSpec, prompt_flag: str, 
     sizes = f"(--num-blocks {run.num_blocks:,} x --block-size {run.block_size})"
     room = prefill_room(config)
     if len(too_long) + len(no_room) == len(specs):
-        none = f"none of the {len(specs):,} requests can ever run" if len(specs) > 1 else "its one request can never run"
+        none = (f"none of the {len(specs):,} requests can ever run" if len(specs) > 1
+                else "its one request can never run")
         if too_long:
             shortest = min(too_long, key=lambda s: s.prompt_tokens + s.output_tokens)
             prompt, need = shortest.prompt_tokens, shortest.prompt_tokens + shortest.output_tokens

@@ -325,10 +325,12 @@ def nsys_tables() -> dict[str, pa.Table]:
         "NVTX_EVENTS": pa.table({"start": _i64(10, 20), "end": _i64(100, 60), "eventType": _i64(59, 59),
                                  "textId": _i64(0, 0), "globalTid": _i64(_TID, _TID)}),
         "CUPTI_ACTIVITY_KIND_RUNTIME": pa.table({"start": _i64(21), "end": _i64(25), "eventClass": _i64(0),
-                                                 "globalTid": _i64(_TID), "correlationId": _i64(11), "nameId": _i64(1)}),
+                                                 "globalTid": _i64(_TID), "correlationId": _i64(11),
+                                                 "nameId": _i64(1)}),
         "CUPTI_ACTIVITY_KIND_KERNEL": pa.table({"start": _i64(200), "end": _i64(300), "deviceId": _i64(0),
                                                 "contextId": _i64(1), "streamId": _i64(7), "correlationId": _i64(11),
-                                                "globalPid": _i64(_PID), "demangledName": _i64(2), "shortName": _i64(3)}),
+                                                "globalPid": _i64(_PID), "demangledName": _i64(2),
+                                                "shortName": _i64(3)}),
         "ENUM_CUDA_MEMCPY_OPER": pa.table({"id": _i64(1), "name": ["HTOD"], "label": ["Host-to-Device"]}),
         "EXPORT_META_DATA": pa.table({"name": ["EXPORT_PRODUCT_VERSION"], "value": ["2022.4.2.1"]}),
         "PROCESSES": pa.table({"globalPid": _i64(_PID), "pid": _i64(4242), "name": ["python"]}),
@@ -373,7 +375,8 @@ def prepare_extremes(src: Path) -> dict[str, tuple[Path, ...]]:
         con.execute("CREATE TABLE keep_me AS SELECT 42 AS answer")
     out: dict[str, tuple[Path, ...]] = {}
     tables = nsys_tables()
-    kernel, nvtx, runtime = (tables[n] for n in ("CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME"))
+    kernel, nvtx = tables["CUPTI_ACTIVITY_KIND_KERNEL"], tables["NVTX_EVENTS"]
+    runtime = tables["CUPTI_ACTIVITY_KIND_RUNTIME"]
     variants = {
         "kernel from int64 min to int64 max": ("arrow", {"CUPTI_ACTIVITY_KIND_KERNEL": _changed(
             kernel, start=_i64(_I64_MIN), end=_i64(_I64_MAX))}),
@@ -389,7 +392,8 @@ def prepare_extremes(src: Path) -> dict[str, tuple[Path, ...]]:
         "kernels of 0 rows": ("arrow", {"CUPTI_ACTIVITY_KIND_KERNEL": kernel.slice(0, 0)}),
         "StringIds of 0 rows, referred to": ("parquet", {"StringIds": tables["StringIds"].slice(0, 0)}),
         "StringIds rows twice": ("parquet", {"StringIds": pa.concat_tables([tables["StringIds"]] * 2)}),
-        "an ENUM id twice": ("arrow", {"ENUM_CUDA_MEMCPY_OPER": pa.concat_tables([tables["ENUM_CUDA_MEMCPY_OPER"]] * 2)}),
+        "an ENUM id twice": ("arrow", {"ENUM_CUDA_MEMCPY_OPER": pa.concat_tables([tables["ENUM_CUDA_MEMCPY_OPER"]]
+                                                                                * 2)}),
     }
     for i, (name, (layout, changes)) in enumerate(variants.items()):
         changed = {**tables, **changes}
@@ -467,7 +471,8 @@ def extreme_cases(ws: Workspace, src: Path) -> list[Case]:
              "tid 'eight'": "1 event whose pid or tid is not an integer left out",
              "kernels without ts or dur": "2 events without ts or dur left out (2 kernel)",
              "negative dur": "2 events with a negative dur left out (1 kernel, 1 user_annotation)"}
-    good = {"pid '7'": ("SELECT pid, tid FROM threads", [(7, 8)]), "pid 7.0": ("SELECT pid, tid FROM threads", [(7, 8)]),
+    threads = ("SELECT pid, tid FROM threads", [(7, 8)])
+    good = {"pid '7'": threads, "pid 7.0": threads,
             "a plain trace": ("SELECT count(*) FROM nvtx_ranges", [(1,)]),
             "NVTX_EVENTS of 0 rows": ("SELECT count(*) FROM gpu_ops", [(1,)]),
             "kernels of 0 rows": ("SELECT count(*) FROM nvtx_ranges", [(2,)]),

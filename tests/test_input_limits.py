@@ -149,8 +149,8 @@ def test_a_cv_the_gamma_draw_cannot_take_is_refused(cv, tmp_path, capsys):
     for rate in ("0", "2"):
         line = refused(capsys, "run", "--workload", "synthetic", "--num-requests", "4", "--rate", rate, "--cv", cv,
                        "--out", str(tmp_path / "run"))
-        assert line == (f"itertrace: error: --cv {float(cv):g}: the gamma shape 1/cv^2 is not a positive finite number; "
-                        "give a cv from 1e-150 to 1e150"), line
+        assert line == (f"itertrace: error: --cv {float(cv):g}: the gamma shape 1/cv^2 is not a positive finite "
+                        "number; give a cv from 1e-150 to 1e150"), line
     nothing_left(tmp_path)
 
 

@@ -76,7 +76,8 @@ def test_a_pid_that_reads_as_the_same_integer_is_that_process(pid, tmp_path, cap
 def test_events_whose_pid_is_no_integer_are_left_out_with_a_note(bad, shown, tmp_path, capsys):
     events = [EVENT, {**EVENT, "pid": bad, "ts": 20}, {**EVENT, "pid": bad, "ts": 30, "ph": "i"},
               {"ph": "i", "s": "g", "name": "Record Window End", "pid": "", "tid": "", "ts": 40},  # no thread's
-              {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": "x", "ts": 1, "dur": 50}]
+              {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": "x", "ts": 1,
+               "dur": 50}]
     if bad is None:
         events[1].pop("pid")
     src = trace(tmp_path / "t.json", events)
@@ -110,7 +111,8 @@ def test_an_id_in_args_that_is_no_integer_links_nothing(tmp_path, capsys):
 def test_events_without_ts_or_dur_are_left_out_with_a_note(tmp_path, capsys):
     no_ts = {k: v for k, v in KERNEL.items() if k != "ts"}
     no_dur = {k: v for k, v in KERNEL.items() if k != "dur"}
-    src = trace(tmp_path / "t.json", [EVENT, KERNEL, no_ts, no_dur, {**EVENT, "ts": None}, {**EVENT, "ph": "i", "dur": None}])
+    src = trace(tmp_path / "t.json", [EVENT, KERNEL, no_ts, no_dur, {**EVENT, "ts": None},
+                                      {**EVENT, "ph": "i", "dur": None}])
     db = tmp_path / "t.duckdb"
     assert notes(capsys, src, db=db) == [
         f"itertrace: note: {src}: 3 events without ts or dur left out (2 kernel, 1 user_annotation)"]
