@@ -16,7 +16,7 @@ from pathlib import Path
 
 import duckdb
 
-from itertrace.errors import UserError
+from itertrace.errors import UserError, not_a_file
 from itertrace.interrupts import deferred, interruptible, quiet_progress
 from itertrace.ingest.arrow_io import first_line
 from itertrace.ingest.kineto import KinetoLoader
@@ -157,7 +157,7 @@ def _load(con: duckdb.DuckDBPyConnection, plan: list[tuple[Path, Loader]], group
     for loader, claimed in groups:
         loader.finish(claimed, ctx)
     con.commit()
-    notes = tuple(n for n in (_pairing_note(con), unnamed_threads_note(con, RAW_SCHEMA)) if n)
+    notes = tuple(n for n in (*ctx.notes, _pairing_note(con), unnamed_threads_note(con, RAW_SCHEMA)) if n)
     empty = tuple(empty_tables(con, normalized_tables()))
     tables = _table_count(con)
     con.execute("CHECKPOINT")  # everything into the file itself: a full disk fails here, not at close
@@ -201,8 +201,10 @@ def _pairing_note(con: duckdb.DuckDBPyConnection) -> str | None:
 
 
 def _loader_for(path: Path, loaders: Sequence[Loader]) -> Loader:
-    if not path.exists():
-        raise UserError(f"{path}: no such file or folder")
+    if not path.exists():  # a symbolic link to nothing, or one that loops, says so
+        raise UserError(f"{path}: {not_a_file(path) if path.is_symlink() else 'no such file or folder'}")
+    if not path.is_dir() and (why := not_a_file(path, "file or folder")):  # a FIFO: never opened
+        raise UserError(f"{path}: {why}")
     for loader in loaders:
         if loader.claims(path):
             return loader

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from itertrace.errors import UserError
+from itertrace.errors import UserError, not_a_file
 from itertrace.ingest.checks import check_arrow_export, check_table, table_name
 
 TABLE_SUFFIXES = (".arrow", ".parquet")
@@ -60,6 +60,8 @@ def folder_tables(folder: Path) -> list[TableStream]:
     """The tables of an arrowdir or parquetdir folder: one `TABLE.arrow` or `TABLE.parquet` per table."""
     tables: dict[str, TableStream] = {}
     for file in table_files(folder):
+        if why := not_a_file(file, "table file"):
+            raise UserError(f"{file}: {why}")
         table = _parquet_table(file) if file.suffix == ".parquet" else _arrow_file_table(file)
         if table.name in tables:
             raise UserError(f"{folder}: table {table.name} appears twice ({tables[table.name].file.name}, {file.name})")
@@ -69,8 +71,9 @@ def folder_tables(folder: Path) -> list[TableStream]:
 
 
 def table_files(folder: Path) -> list[Path]:
-    """The table files directly inside `folder`, sorted by name."""
-    return sorted(p for p in folder.iterdir() if p.suffix in TABLE_SUFFIXES and p.is_file())
+    """The entries directly inside `folder` named as table files, sorted by name (a FIFO, a folder or a link to
+    nothing among them is refused when the tables are read, never passed over)."""
+    return sorted(p for p in folder.iterdir() if p.suffix in TABLE_SUFFIXES)
 
 
 def _stream_reader(path: Path, offset: int) -> Callable[[int], Iterator[pa.RecordBatch]]:

@@ -8,11 +8,15 @@ not fine, and is refused with one line naming the file, table and column:
   metadata (EXPORT_META_DATA or META_DATA_EXPORT) and PROCESSES, which nsys writes last; a file cut at
   a stream boundary is otherwise whole Arrow;
 - a table file without columns, two tables whose names differ only in case (DuckDB's names do not),
-  a table name that is not UTF-8;
-- a table that present rows refer to and that is absent (StringIds, when ids point into it);
+  a table name that is not UTF-8, a column with no name, two columns whose names differ only in case;
+- a table that present rows refer to and that is absent or holds no rows (StringIds, when ids point
+  into it), and an id given twice in a table of names (StringIds, the ENUM tables): every row joined
+  to it would come out twice;
 - a column the normalized tables cannot do without, absent or NULL in every row (a range's start, a
   kernel's end, an event's type), or one of a type other than nsys writes (text for a time, a list for
-  a thread id).
+  a thread id);
+- a time (the start and end of ranges, runtime calls and GPU work) past ±2^62 ns, within which any two
+  times differ by a 64-bit integer, and a range, call or GPU operation that ends before it starts.
 
 Arrow IPC carries no checksum: flipped bits inside a value are not found.
 """
@@ -67,6 +71,16 @@ METADATA_TABLES = ("EXPORT_META_DATA", "META_DATA_EXPORT")
 LAST_TABLE = "PROCESSES"  # nsys writes it last, and every capture has a process
 RANGE_TYPES = (59, 60, 70, 71)  # push/pop and start/end ranges (70, 71: their NVTXT twins): they have an end
 PUSH_POP_TYPES = (59, 70)
+# Tables of names: each id names one row, and the normalized tables join to them by id.
+ID_TABLES = ("StringIds", "ENUM_NSYS_EVENT_CLASS", "ENUM_CUDA_MEMCPY_OPER", "ENUM_CUDA_KERNEL_LAUNCH_TYPE",
+             "ENUM_CUDA_KRENEL_LAUNCH_TYPE")
+# Tables whose rows are intervals in time (start, end), and which of their rows are: NVTX_EVENTS' ranges.
+TIMED = {"NVTX_EVENTS": f"eventType IN {RANGE_TYPES}", "CUPTI_ACTIVITY_KIND_RUNTIME": "true",
+         **{f"CUPTI_ACTIVITY_KIND_{kind}": "true" for kind in ("KERNEL", "MEMCPY", "MEMSET")}}
+# Times are kept within ±2^62 ns (146 years): any two then differ by a 64-bit integer, so that durations,
+# gaps and sums of a few of them never overflow a BIGINT.
+TIME_LIMIT_NS = 2**62
+TIME_RANGE = "±2^62 ns (146 years), the range of times itertrace stores"
 _INTEGER_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER",
                   "UBIGINT", "UHUGEINT", '"NULL"')
 
@@ -85,6 +99,15 @@ def check_table(name: str, file: Path, schema: pa.Schema, seen: Iterable[str]) -
     """A table as it is listed: it has columns, and no table before it has its name in any case."""
     if not len(schema):
         raise UserError(f"{file}: table {name} has no columns")
+    columns: dict[str, str] = {}
+    for column in schema.names:
+        if not column:
+            raise UserError(f"{file}: table {name} has a column with no name")
+        if (other := columns.get(column.lower())) is not None:
+            both = (f"two columns named {column}" if other == column
+                    else f"columns {other} and {column}, one name to DuckDB")
+            raise UserError(f"{file}: table {name} has {both}")
+        columns[column.lower()] = column
     for other in seen:
         if other.lower() == name.lower():
             same = "appears twice" if other == name else f"and {other} are one name to DuckDB"
@@ -124,14 +147,22 @@ def check_raw_tables(con: duckdb.DuckDBPyConnection, relations: dict[str, str], 
                 raise UserError(f"{source}: column {name}.{column} is NULL in all {rows:,} rows")
     if "nvtx_events" in columns:
         _check_range_ends(tables, columns["nvtx_events"], source)
-    if "stringids" not in columns:
+    strings = columns.get("stringids")
+    if strings is None or not tables.count(strings[0]):
         for table, column in STRING_REFERENCES:
             have = columns.get(table.lower())
             if have and column.lower() in have[1]:
                 pointing = tables.count(have[0], f'"{column}" IS NOT NULL')
                 if pointing:
-                    raise UserError(f"{source}: no StringIds table, which {pointing:,} rows of {have[0]}.{column} "
+                    what = "no StringIds table" if strings is None else f"{strings[0]} holds no rows"
+                    raise UserError(f"{source}: {what}, which {pointing:,} rows of {have[0]}.{column} "
                                     "refer to (their names would all be missing)")
+    for table in ID_TABLES:
+        if (have := columns.get(table.lower())) and "id" in have[1]:
+            _check_unique_ids(tables, have[0], source)
+    for table, intervals in TIMED.items():
+        if (have := columns.get(table.lower())) and {"start", "end"} <= have[1].keys():
+            _check_times(tables, have[0], intervals, source)
 
 
 class _RawTables:
@@ -161,12 +192,13 @@ def empty_tables(con: duckdb.DuckDBPyConnection, tables: Iterable[str]) -> list[
 
 
 def unnamed_threads_note(con: duckdb.DuckDBPyConnection, schema: str) -> str | None:
-    """A note when the capture's threads have no names because its export holds no ThreadNames table."""
+    """A note when an nsys capture's threads have no names because its export holds no ThreadNames table."""
     tables = {(s, t.lower()) for s, t in con.execute(  # nsys's small tables are views over one table
         "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = current_database() "
         "UNION ALL SELECT schema_name, view_name FROM duckdb_views() WHERE database_name = current_database()"
     ).fetchall()}
-    if ("main", "threads") not in tables or (schema, "threadnames") in tables:
+    nsys = any(s == schema for s, _ in tables)  # not a PyTorch profiler trace, which names its threads otherwise
+    if ("main", "threads") not in tables or (schema, "threadnames") in tables or not nsys:
         return None
     threads, named = con.execute("SELECT count(*), count(name) FROM threads").fetchall()[0]
     if not threads or named:
@@ -182,6 +214,36 @@ def _check_range_ends(tables: _RawTables, have: tuple[str, dict], source: Path) 
     ranges = tables.count(have[0], f"eventType IN {RANGE_TYPES}")
     if ranges and not tables.count(have[0], f'eventType IN {RANGE_TYPES} AND "end" IS NOT NULL'):
         raise UserError(f"{source}: column {have[0]}.end is NULL in all {ranges:,} ranges")
+
+
+def _check_unique_ids(tables: _RawTables, name: str, source: Path) -> None:
+    found = tables.con.execute(f"""
+        SELECT id, count(*), count(*) OVER () FROM {tables.relations[name]} WHERE id IS NOT NULL
+        GROUP BY id HAVING count(*) > 1 ORDER BY min(_row) LIMIT 1""").fetchall()
+    if found:
+        id_, rows, ids = found[0]
+        appear = "id appears" if ids == 1 else "ids appear"
+        raise UserError(f"{source}: {name} holds id {id_} in {rows:,} rows ({ids:,} {appear} more than once); "
+                        "each id must name one row")
+
+
+def _check_times(tables: _RawTables, name: str, intervals: str, source: Path) -> None:
+    """Every start and end within ±TIME_LIMIT_NS, and no interval (a row satisfying `intervals`) that ends
+    before it starts."""
+    backwards = f'"end" < start AND {intervals}'
+    low_start, high_start, low_end, high_end, count, first = tables.con.execute(f"""
+        SELECT min(start), max(start), min("end"), max("end"), count(*) FILTER (WHERE {backwards}),
+               arg_min([start, "end"], _row) FILTER (WHERE {backwards})
+        FROM {tables.relations[name]}""").fetchone()
+    for column, values in (("start", (low_start, high_start)), ("end", (low_end, high_end))):
+        for value in values:
+            if value is not None and not -TIME_LIMIT_NS < value < TIME_LIMIT_NS:
+                raise UserError(f"{source}: {name}.{column} {value} ns is past {TIME_RANGE} (any two must differ by "
+                                "a 64-bit integer)")
+    if count:
+        unit = "range" if name.lower() == "nvtx_events" else "row"
+        ends = f"{unit} of {name} ends before it starts" if count == 1 else f"{unit}s of {name} end before they start"
+        raise UserError(f"{source}: {count:,} {ends} (the first: start {first[0]}, end {first[1]})")
 
 
 def _of_kind(duckdb_type: str, kind: str) -> bool:

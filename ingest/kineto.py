@@ -17,6 +17,7 @@ import duckdb
 
 from itertrace.errors import UserError
 from itertrace.ingest.arrow_io import first_line
+from itertrace.ingest.kineto_checks import check_base_time, check_time_range, leave_out
 from itertrace.ingest.kineto_json import looks_like_trace, split_trace
 from itertrace.ingest.loader import LoadContext
 from itertrace.ingest.normalize import SQL_FILES, normalized_tables, prefer_sort_based_joins, sql_text
@@ -73,6 +74,7 @@ class KinetoLoader:
         ctx.progress.phase(f"reading {path.name}")
         split = split_trace(path, events_file)
         try:
+            check_base_time(path, split.meta)
             staged = con.execute(_sql().stage_insert, [str(events_file), source_no]).fetchall()[0][0]
         except (duckdb.InvalidInputException, duckdb.ConversionException) as exc:
             message = first_line(exc).split(" Error: ", 1)[-1]
@@ -98,10 +100,11 @@ class KinetoLoader:
         ctx.progress.phase("building the normalized tables from the traces")
         prefer_sort_based_joins(con)
         sources = _sources(con)
-        _align_clocks(con, sources)
-        _correlate_by_flows(con)
         con.execute(sql.creates)
-        _write_sources(con, sources)
+        _write_sources(con, sources)  # counts every event of each file, those left out next included
+        ctx.notes.extend(leave_out(con, paths))
+        _align_clocks(con, sources, paths)
+        _correlate_by_flows(con)
         con.execute(sql.inserts)
         _check_ids(con, paths)
         _write_capture_meta(con, sources)
@@ -149,7 +152,7 @@ class _Sql:
     """The ingest's SQL, read and split once per process, as the scripts `finish` runs."""
 
     next_source: str  # the number of the file about to be staged (it creates the table of files)
-    stage_create: str  # the staging table of events
+    stage_create: str  # the staging table of events, and the macros its insert uses
     stage_insert: str  # one file's events into the staging table (parameters: events file, source number)
     creates: str  # every table the ingest fills, normalized and Kineto's own
     inserts: str  # kineto.sql's statements other than its CREATE TABLEs
@@ -159,7 +162,7 @@ class _Sql:
 
 @functools.cache
 def _sql() -> _Sql:
-    stage = statements(sql_text("kineto_stage.sql"))
+    stage = statements(sql_text("kineto_stage.sql"))  # the table and its macros, then the insert
     own = statements(sql_text("kineto.sql"))
     shared_creates = [s for name in SQL_FILES for s in statements(sql_text(name)) if _is_create_table(s)]
     own_creates = [s for s in own if _is_create_table(s)]
@@ -169,7 +172,7 @@ def _sql() -> _Sql:
     counts = " + ".join(f"(SELECT count(*) FROM {table})" for table in (*normalized_tables(), *own_tables))
     return _Sql(next_source="CREATE TEMP TABLE IF NOT EXISTS _kineto_files (source_no INTEGER, source VARCHAR, "
                             "meta JSON); SELECT count(*) + 1 FROM _kineto_files",
-                stage_create=stage[0], stage_insert=stage[1], creates=_script(shared_creates + own_creates),
+                stage_create=_script(stage[:-1]), stage_insert=stage[-1], creates=_script(shared_creates + own_creates),
                 inserts=_script([s for s in own if s not in own_creates]), comments=_script(comments),
                 count_rows=f"SELECT {counts}")
 
@@ -212,8 +215,10 @@ def _time_shifts(sources: list[_Source]) -> dict[int, int]:
     return {no: base - start for no, base in bases.items()}
 
 
-def _align_clocks(con: duckdb.DuckDBPyConnection, sources: list[_Source]) -> None:
-    for source_no, shift in _time_shifts(sources).items():
+def _align_clocks(con: duckdb.DuckDBPyConnection, sources: list[_Source], paths: list[Path]) -> None:
+    shifts = _time_shifts(sources)
+    check_time_range(con, shifts, paths)
+    for source_no, shift in shifts.items():
         if shift:
             con.execute("UPDATE _kineto_events SET ts_ns = ts_ns + ? WHERE source_no = ?", [shift, source_no])
 

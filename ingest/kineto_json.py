@@ -13,6 +13,14 @@ strings (an escaped character is blanked first, keeping offsets), and brackets o
 change the depth. Chunks inside the array need only their lowest depth, taken on the quotes and
 brackets alone (`bytes.translate` keeps those); the chunk where the depth falls back out of the
 array is read again by position. Memory is one chunk, whatever the file's size.
+
+White space outside strings is cut short, so that valid JSON is valid at any padding: in the text
+around the array (kept to be parsed here, up to MAX_META_BYTES) each run becomes one byte; inside the
+array a run at either end of a chunk (or of the block where the array closes) does, which leaves runs
+shorter than a chunk, well within what DuckDB's JSON reader takes (a run of 33 MB before the array's
+closing bracket failed there, one of 31 MB did not). Which of a chunk's blanks lie outside strings
+follows from the string state at its ends, which the scan has anyway: the array's chunks are not
+searched for runs, whose cost the copy would pay on every trace.
 """
 from __future__ import annotations
 
@@ -40,6 +48,9 @@ _KEY_PREFIX = re.compile(rb',?\s*"traceEvents"\s*:\s*$')
 _TOKENS_ONLY = bytes(c for c in range(256) if c not in b'"[]{}')  # what translate deletes
 _QUOTE = 0x22
 _BLANK = b"\xef\xbb\xbf \t\r\n"  # white space, and a UTF-8 byte-order mark
+_WHITE = b" \t\r\n"  # JSON's white space
+_IS_WHITE = np.zeros(256, dtype=bool)
+_IS_WHITE[list(_WHITE)] = True
 
 
 @dataclass(frozen=True)
@@ -63,10 +74,12 @@ def looks_like_trace(path: Path) -> str | None:
     """Why `path` cannot be a Chrome-trace JSON file, judged from its first bytes; None if it may be one."""
     try:
         with _open(path) as source:
-            start = source.read(4096)
+            start = text = source.read(4096)
+            while text and not text.lstrip(_BLANK):  # past any amount of leading white space
+                text = source.read(FIRST_CHUNK_BYTES)
     except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
         return f"truncated or corrupt gzip data ({exc})"
-    text = start.lstrip(_BLANK)
+    text = text.lstrip(_BLANK)
     if not text:
         return "empty file" if not start else "holds only white space"
     if text[:1] not in (b"{", b"["):
@@ -103,13 +116,14 @@ class _Splitter:
         self.in_string, self.depth = False, 0
         self.array_depth: int | None = None  # depth inside the event array, once it has opened
         self.head, self.tail = bytearray(), bytearray()
+        self.tail_in_string = False  # the string state at the end of the tail kept so far
         self.written = 0
         self.closed = False
 
     def run(self, chunks: Iterator[bytes]) -> SplitTrace:
         for data in chunks:
             if self.closed:
-                self._keep(self.tail, data, "after")
+                self._keep_tail(data)
             elif self.array_depth is not None:
                 self._scan_array(data)
             elif self.head.strip(_BLANK) or data.strip(_BLANK):
@@ -122,6 +136,7 @@ class _Splitter:
         return SplitTrace(self._meta(), self.written + 2)
 
     def _scan_head(self, data: bytes) -> None:
+        data, _ = _squeeze(data, self.in_string)
         if not self.head.strip(_BLANK):  # the document's first chunk with text in it
             first = data.lstrip(_BLANK)[:1]
             if first == b"[":  # a bare array: every element is an event
@@ -163,17 +178,20 @@ class _Splitter:
             if lowest >= self.array_depth:
                 self._copy(block, final, in_string)
                 continue
+            outside_before = not self.in_string
             positions, deltas = self._structure(block)
             depths = self.depth + np.cumsum(deltas, dtype=np.int64)
             end = int(positions[np.flatnonzero(depths < self.array_depth)[0]])
-            self.sink.write(block[:end])
-            self.written += end
+            last = _trim_ends(block[:end], outside_before, True)  # the array's closing bracket is outside strings
+            self.sink.write(last)
+            self.written += len(last)
             self.closed = True
-            self._keep(self.tail, data[start + end + 1:], "after")
+            self._keep_tail(data[start + end + 1:])
             return
 
     def _copy(self, data: bytes, depth: int, in_string: bool) -> None:
         """Copy `data`, all inside the array, and take the state after it."""
+        data = _trim_ends(data, not self.in_string, not in_string)
         self.depth, self.in_string = depth, in_string
         self.sink.write(data)
         self.written += len(data)
@@ -206,6 +224,10 @@ class _Splitter:
             return self.depth, self.depth, in_string
         depths = np.cumsum(deltas, dtype=np.int64)
         return self.depth + int(depths.min()), self.depth + int(depths[-1]), in_string
+
+    def _keep_tail(self, data: bytes) -> None:
+        data, self.tail_in_string = _squeeze(data, self.tail_in_string)
+        self._keep(self.tail, data, "after")
 
     def _keep(self, buffer: bytearray, data: bytes, where: str) -> None:
         buffer += data
@@ -243,6 +265,33 @@ class _Splitter:
             raise UserError(f"{self.path}: two traceEvents arrays")
         return meta
 
+
+
+def _squeeze(data: bytes, in_string: bool) -> tuple[bytes, bool]:
+    """`data` with each run of white space outside strings cut to one byte, and the string state after it
+    (`in_string`: the state before it)."""
+    if not data:
+        return data, in_string
+    plain = _ESCAPE.sub(b"__", data) if b"\\" in data else data
+    b = np.frombuffer(plain, dtype=np.uint8)
+    quotes = np.cumsum(b == _QUOTE, dtype=np.uint8)  # mod 256: only its parity is read
+    outside = ((quotes + in_string) & 1) == 0  # a closing quote counts as outside, an opening one as inside
+    blank = _IS_WHITE[b] & outside
+    if not blank.any():
+        return data, bool((int(quotes[-1]) + in_string) & 1)
+    keep = ~blank
+    keep[1:] |= ~blank[:-1]  # the first byte of each run
+    return np.frombuffer(data, dtype=np.uint8)[keep].tobytes(), bool((int(quotes[-1]) + in_string) & 1)
+
+
+def _trim_ends(data: bytes, outside_before: bool, outside_after: bool) -> bytes:
+    """`data` with a run of white space at its start (where that lies outside strings) and at its end (likewise)
+    cut to one byte."""
+    if outside_before and data[1:2] and data[0] in _WHITE and data[1] in _WHITE:
+        data = data[len(data) - len(data.lstrip(_WHITE)) - 1:] if data.lstrip(_WHITE) else data[-1:]
+    if outside_after and data[-2:-1] and data[-1] in _WHITE and data[-2] in _WHITE:
+        data = data[:len(data.rstrip(_WHITE)) + 1]
+    return data
 
 
 def _why(exc: Exception) -> str:

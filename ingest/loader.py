@@ -47,6 +47,7 @@ class LoadContext:
     batch_rows: int
     progress: Progress
     rows_written: int = 0
+    notes: list[str] = field(default_factory=list)  # what a loader left out and why, for the closing summary
     _readers: int = field(default=0, repr=False)
 
     def write_table(self, schema: str, table: TableStream, name: str | None = None) -> None:

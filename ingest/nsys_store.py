@@ -198,7 +198,7 @@ def _plan_held(ctx: LoadContext, sources: Sources, name: str, spec: Held) -> _He
                for link in spec.links]
     present_names = _RawNames({c.name.lower(): f"r.{quote(c.name)}" for c in columns})
     held_sql = [f"coalesce({link.held.format_map(present_names)}, false)" for link in spec.links]
-    counts = ", ".join(["count(*)"] + [f"count({quote(c.name)})" for c in columns] + [f"count_if({h})" for h in held_sql])
+    counts = ", ".join(["count(*)"] + [f"count({quote(c.name)})" for c in columns] + [f"count(*) FILTER ({h})" for h in held_sql])
     total, *present = ctx.con.execute(f"SELECT {counts} FROM {sources.relations[name]} AS r").fetchone()
     present, held_rows = present[:len(columns)], present[len(columns):]
     raw = dict(zip((c.name for c in columns), present))

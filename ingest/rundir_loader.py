@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from itertrace.errors import UserError
+from itertrace.errors import UserError, not_a_file
 from itertrace.ingest.arrow_io import TableStream, parquet_table
 from itertrace.ingest.loader import LoadContext, quote
 from itertrace.ingest.run_schema import (EXTRA_COLUMN_DOC, META_COLUMNS, META_DOC, REQUIRED_META, RUN_FORMAT,
@@ -69,6 +69,8 @@ class RunDirLoader:
 def read_run_json(run_dir: Path) -> dict[str, Any]:
     """run.json of `run_dir`, checked for the keys run_meta needs; UserError naming the file otherwise."""
     file = run_dir / RUN_JSON
+    if (file.exists() or file.is_symlink()) and (why := not_a_file(file)):
+        raise UserError(f"{file}: {why}")
     if not file.is_file():
         closing = (run_dir / f"{RUN_JSON}.partial").exists()
         partial = " (run.json.partial is there: the run did not close)" if closing else ""
@@ -121,8 +123,10 @@ def check_table(run_dir: Path, spec: RunTable, meta: dict[str, Any]) -> None:
 
 
 def _open(file: Path) -> TableStream:
-    if not file.is_file():
+    if not file.exists() and not file.is_symlink():
         raise UserError(f"{file}: missing from the run directory")
+    if why := not_a_file(file):
+        raise UserError(f"{file}: {why}")
     if file.stat().st_size == 0:
         raise UserError(f"{file}: empty file, not a Parquet log")
     return parquet_table(file)

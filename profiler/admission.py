@@ -25,6 +25,16 @@ from itertrace.profiler.policies import WaitQueue
 from itertrace.profiler.request import Phase, PreemptKind, Reason, Request
 
 
+def outgrows_pool(tokens: int, num_blocks: int, block_size: int) -> bool:
+    """Whether `tokens` tokens of KV cache (a request's prompt and output) need more blocks than the pool has."""
+    return -(-tokens // block_size) > num_blocks
+
+
+def outgrows_prefill(prompt_tokens: int, config: SchedulerConfig) -> bool:
+    """Whether, with chunked prefill off, a prompt of `prompt_tokens` outgrows an iteration's prefill room."""
+    return not config.chunked_prefill and prompt_tokens > prefill_room(config)
+
+
 class Admission:
     """Starts, preempts and rejects requests; holds mode "reject"'s reservations and the outcome counts."""
 
@@ -41,10 +51,9 @@ class Admission:
     def never_fits(self, req: Request) -> bool:
         """Whether the request can never run: its worst case outgrows the KV pool, or, with chunked
         prefill off, its prompt outgrows the prefill room of an iteration."""
-        cfg = self.config
-        return self.worst_blocks(req) > self.blocks.device.num_blocks or (
-            not cfg.chunked_prefill and len(req.prompt_ids) > prefill_room(cfg)
-        )
+        tokens = len(req.prompt_ids) + req.sampling.max_tokens
+        return (outgrows_pool(tokens, self.blocks.device.num_blocks, self.blocks.block_size)
+                or outgrows_prefill(len(req.prompt_ids), self.config))
 
     # ---- starting, giving way, turning away -----------------------------------------------------------
     def start(self, req: Request, swap: SwapPlan, iteration: int) -> None:

@@ -258,12 +258,18 @@ def _publish(tmp: Path, target: Path) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from itertrace.profiler import workloads as wl
+    from itertrace.profiler.run_limits import check_lengths, check_request_count
     from itertrace.profiler.session import run
     from itertrace.profiler.summary_table import format_summary
 
     spec = spec_from_args(args)
     _fill_workload_flags(args)
+    if args.workload in _WORKLOAD_FLAGS["num_requests"][1]:
+        check_request_count(args.num_requests, "--num-requests")
     specs = _workload(args)
+    named = ((f"--prompt-len {args.prompt_len}", f"--output-len {args.output_len}") if args.workload == "synthetic"
+             else (f"--workload {args.workload}",) * 2)
+    notes = check_lengths(specs, spec, *named)
     reqs = wl.build_requests(specs, seed=args.seed)
     profiling = _torch_profile(args, spec)
     target, tmp = _fresh_dir(args.out)
@@ -279,6 +285,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(json.dumps({"run_dir": str(target), **meta["summary"]}, indent=2))
     else:
         print(format_summary(meta["summary"], spec.runner, str(target)))
+    for note in notes:
+        print(f"itertrace: note: {note}", file=sys.stderr)
     return 0
 
 
@@ -334,6 +342,10 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     for dest in _EXPERIMENT_SET:
         if getattr(args, dest) is None:
             setattr(args, dest, getattr(defaults, dest))
+    if args.requests is not None:
+        from itertrace.profiler.run_limits import check_request_count
+
+        check_request_count(args.requests, "--requests")
     if args.name == "slot-time" and args.token_budget < SLOT_TIME_MIN_TOKEN_BUDGET:
         raise UserError(f"experiment slot-time needs --token-budget of at least {SLOT_TIME_MIN_TOKEN_BUDGET} "
                         f"(16 prompts of 32 tokens at once), not {args.token_budget}")

@@ -26,16 +26,16 @@ def check_kv_memory(spec: RunSpec, cache_bytes_per_block: int = 0, on_gpu: bool 
         flag, blocks, per = (("--swap-blocks", spec.swap_blocks, swap_per_block)
                              if spec.swap_blocks * swap_per_block > spec.num_blocks * host_per_block
                              else ("--num-blocks", spec.num_blocks, host_per_block))
-        raise UserError(f"{flag} {blocks}: the KV blocks need {_bytes(host)} of memory ({per:,} bytes a block), "
-                        f"and this machine has {_bytes(free)} available")
+        raise UserError(f"{flag} {blocks}: the KV blocks need {format_bytes(host)} of memory ({per:,} bytes a block), "
+                        f"and this machine has {format_bytes(free)} available")
     if on_gpu:
         import torch
 
         gpu_free = torch.cuda.mem_get_info()[0]
         if spec.num_blocks * cache_bytes_per_block > gpu_free:
             raise UserError(f"--num-blocks {spec.num_blocks}: the KV cache needs "
-                            f"{_bytes(spec.num_blocks * cache_bytes_per_block)} of GPU memory "
-                            f"({cache_bytes_per_block:,} bytes a block), and the GPU has {_bytes(gpu_free)} free")
+                            f"{format_bytes(spec.num_blocks * cache_bytes_per_block)} of GPU memory "
+                            f"({cache_bytes_per_block:,} bytes a block), and the GPU has {format_bytes(gpu_free)} free")
 
 
 def available_memory_bytes() -> int:
@@ -50,7 +50,8 @@ def available_memory_bytes() -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def _bytes(n: int) -> str:
+def format_bytes(n: int) -> str:
+    """`n` bytes in TB, GB or MB to one decimal, or in bytes below a megabyte."""
     for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
         if n >= size:
             return f"{n / size:,.1f} {unit}"

@@ -26,6 +26,8 @@ VARIABLE_BLOCK = 20
 # The longest prompt or output a workload may ask for, in tokens: lengths are stored as 32-bit integers
 # by the runners, and no KV pool holds more.
 MAX_LENGTH = 2**31 - 1
+# Arrivals count ns from the first in int64 clocks, with room to spare: under 2^62 ns (146 years).
+CLOCK_LIMIT_NS = 2**62
 
 
 @dataclass(frozen=True)
@@ -129,9 +131,16 @@ def synthetic(n: int, *, rate: float, cv: float = 1.0, prompt: str = "128", outp
                         f"(got n={n}, rate={rate}, cv={cv})")
     rng = random.Random(seed)
     p_dist, o_dist = parse_lengths(prompt), parse_lengths(output)
-    shape = 1.0 / (cv * cv)
+    shape = 1.0 / (cv * cv) if cv * cv > 0 else math.inf
+    if not 0 < shape < math.inf:
+        raise UserError(f"--cv {cv:g}: the gamma shape 1/cv^2 is not a positive finite number; "
+                        "give a cv from 1e-150 to 1e150")
     t, specs = 0.0, []
     for _ in range(n):
+        if not t * 1e9 < CLOCK_LIMIT_NS or rate > 0 and not rate * shape > 0:  # (a gap of 1 / 0)
+            fastest = (n - 1) / (CLOCK_LIMIT_NS / 1e9)
+            raise UserError(f"--rate {rate:g}: {n:,} requests arriving at {rate:g} per second reach past the engine's "
+                            f"clock (146 years); give at least {fastest:.2g} per second, or 0 for all at once")
         specs.append(RequestSpec(int(t * 1e9), _draw(p_dist, rng), _draw(o_dist, rng)))
         if rate > 0:
             t += rng.gammavariate(shape, 1.0 / (rate * shape))
@@ -155,7 +164,7 @@ def load_trace(path: Path, *, limit: int | None = None, time_scale: float = 1.0)
         raise UserError(f"{path}: no requests in the file")
     t0 = min(t for t, _, _ in rows)
     span = (max(t for t, _, _ in rows) - t0) / time_scale
-    if not span < 2**62:
+    if not span < CLOCK_LIMIT_NS:
         raise UserError(f"{path}: arrivals span {span / 1e9 / 86400 / 365.25:.3g} years after --time-scale "
                         f"{time_scale:g}; the engine's clock holds under 146")
     zeros = sum(1 for _, p, o in rows if not p or not o)
@@ -222,7 +231,7 @@ def _length(value: object) -> int:
 
 def _in_range(ns: int) -> int:
     """A timestamp in ns that the engine's int64 clocks hold with room to spare (under 146 years from 1970)."""
-    if not -(2**62) < ns < 2**62:
+    if not -CLOCK_LIMIT_NS < ns < CLOCK_LIMIT_NS:
         raise ValueError("out of the range the engine's clock holds (1824 to 2116)")
     return ns
 

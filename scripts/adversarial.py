@@ -2,15 +2,16 @@
 `itertrace` process; prints, per category, how many ended cleanly and how many ended in a traceback, lost
 data or left files behind.
 
-    .venv/bin/python scripts/adversarial.py [--keep DIR]
+    .venv/bin/python scripts/adversarial.py [--keep DIR] [--only WORDS]
 
 Clean means: exit 0 where the input is good, else one `itertrace:` line on stderr and a non-zero exit
 (130/143 for a signal). Lost data: a file that was there before a failed command is no longer byte for
 byte the same, or a refused target was written. Leftovers: any hidden file or folder beside the target
 once the command (and, after a kill, the next command to the same target) has ended. Accepted: a corrupt
-input the command took without a word. Files read: a database whose views read a secret file, and the
-secret showed in the command's output or in a file it wrote, or the command hung (a view reading a FIFO).
-Cases that need root (mount, mknod, chattr) are skipped without it.
+input the command took without a word (where a case expects a note, exit 0 without it). Files read: a
+database whose views read a secret file, and the secret showed in the command's output or in a file it
+wrote, or the command hung (a view reading a FIFO). Cases that need root (mount, mknod, chattr) are
+skipped without it.
 """
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ class Case:
     hold: Path | None = None  # a database another process holds open read-write meanwhile
     never: tuple[Path, ...] = ()  # files the command must not make
     secret: str | None = None  # what a file the command must not read holds: in no output, in no file it writes
+    says: str | None = None  # on exit 0, what stderr must hold (a note counting what was left out)
+    unsaid: str | None = None  # on exit 0, what stderr must not hold
+    rows: tuple[str, list[tuple]] | None = None  # on success, a query of the database at --db and its rows
 
 
 @dataclass
@@ -115,6 +119,11 @@ def run(case: Case) -> tuple[int, str, list[str], bool]:
         with duckdb.connect(str(db), read_only=True) as con:
             if con.execute("SELECT count(*) FROM duckdb_tables()").fetchone()[0] != case.tables:
                 lost.append(f"{db.name} (incomplete)")
+    if case.rows is not None and proc.returncode == 0:
+        db = Path(case.argv[case.argv.index("--db") + 1])
+        with duckdb.connect(str(db), read_only=True) as con:
+            if con.execute(case.rows[0]).fetchall() != case.rows[1]:
+                lost.append(f"{db.name} (rows)")
     read = bool(case.secret) and (hung or case.secret in (out or "") + err or any(
         case.secret.encode() in p.read_bytes() for p in case.folder.rglob("*") if p.is_file()))
     if case.then:
@@ -135,7 +144,9 @@ def judge(case: Case, status: int, err: str, lost: list[str], read: bool, tally:
     if expected is not None and status not in expected:
         traceback = True
     left = [p.name for p in case.folder.iterdir() if p.name.startswith(".")]
-    accepted = status == 0 and not case.good and case.kill is None
+    silent = status == 0 and ((case.says is not None and case.says not in err)
+                              or (case.unsaid is not None and case.unsaid in err))
+    accepted = (status == 0 and not case.good and case.kill is None) or silent
     failed = case.good and not case.either and case.kill is None and status != 0
     tally.tracebacks += traceback
     tally.read += read
@@ -394,6 +405,227 @@ def _stream_ends(path: Path) -> list[int]:
     return ends
 
 
+# ---- 20 numeric extremes, 21 engine limits: inputs at the ends of their types, and workloads past the engine's --
+
+EXTREMES, LIMITS = "20 numeric extremes", "21 engine limits"
+_TID, _PID = (4242 << 24) | 4243, 4242 << 24
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+
+
+def _i64(*values: int | None) -> pa.Array:
+    return pa.array(values, pa.int64())
+
+
+def nsys_tables() -> dict[str, pa.Table]:
+    """A small capture in nsys's shape: strings, a thread's ranges, a runtime call and the kernel it launched."""
+    return {
+        "StringIds": pa.table({"id": _i64(0, 1, 2, 3), "value": ["step", "cudaLaunchKernel", "gemm(float*)", "gemm"]}),
+        "ThreadNames": pa.table({"nameId": _i64(0), "priority": _i64(0), "globalTid": _i64(_TID)}),
+        "NVTX_EVENTS": pa.table({"start": _i64(10, 20), "end": _i64(100, 60), "eventType": _i64(59, 59),
+                                 "textId": _i64(0, 0), "globalTid": _i64(_TID, _TID)}),
+        "CUPTI_ACTIVITY_KIND_RUNTIME": pa.table({"start": _i64(21), "end": _i64(25), "eventClass": _i64(0),
+                                                 "globalTid": _i64(_TID), "correlationId": _i64(11),
+                                                 "nameId": _i64(1)}),
+        "CUPTI_ACTIVITY_KIND_KERNEL": pa.table({"start": _i64(200), "end": _i64(300), "deviceId": _i64(0),
+                                                "contextId": _i64(1), "streamId": _i64(7), "correlationId": _i64(11),
+                                                "globalPid": _i64(_PID), "demangledName": _i64(2),
+                                                "shortName": _i64(3)}),
+        "ENUM_CUDA_MEMCPY_OPER": pa.table({"id": _i64(1), "name": ["HTOD"], "label": ["Host-to-Device"]}),
+        "EXPORT_META_DATA": pa.table({"name": ["EXPORT_PRODUCT_VERSION"], "value": ["2022.4.2.1"]}),
+        "PROCESSES": pa.table({"globalPid": _i64(_PID), "pid": _i64(4242), "name": ["python"]}),
+    }
+
+
+def _changed(table: pa.Table, **columns: pa.Array) -> pa.Table:
+    for name, values in columns.items():
+        at = table.schema.get_field_index(name)
+        table = table.set_column(at, name, values) if at >= 0 else table.append_column(name, values)
+    return table
+
+
+def _parquetdir(folder: Path, tables: dict[str, pa.Table], suffix: str = ".parquet") -> Path:
+    folder.mkdir()
+    for name, table in tables.items():
+        if suffix == ".parquet":
+            pq.write_table(table, folder / f"{name}.parquet")
+        else:
+            with ipc.new_stream(folder / f"{name}.arrow", table.schema) as writer:
+                writer.write_table(table)
+    return folder
+
+
+def _arrow(path: Path, tables: dict[str, pa.Table]) -> Path:
+    with open(path, "wb") as sink:
+        for name, table in tables.items():
+            with ipc.new_stream(sink, table.schema.with_metadata({"table_name": name})) as writer:
+                writer.write_table(table)
+    return path
+
+
+def _kineto(path: Path, events: list[dict], **top) -> Path:
+    path.write_text(json.dumps({"schemaVersion": 1, **top, "traceEvents": events}))
+    return path
+
+
+def prepare_extremes(src: Path) -> dict[str, tuple[Path, ...]]:
+    """The inputs of the numeric extremes, by name: the sources each case ingests."""
+    src.mkdir(parents=True, exist_ok=True)
+    with duckdb.connect(str(src / "old.duckdb")) as con:
+        con.execute("CREATE TABLE keep_me AS SELECT 42 AS answer")
+    out: dict[str, tuple[Path, ...]] = {}
+    tables = nsys_tables()
+    kernel, nvtx = tables["CUPTI_ACTIVITY_KIND_KERNEL"], tables["NVTX_EVENTS"]
+    runtime = tables["CUPTI_ACTIVITY_KIND_RUNTIME"]
+    variants = {
+        "kernel from int64 min to int64 max": ("arrow", {"CUPTI_ACTIVITY_KIND_KERNEL": _changed(
+            kernel, start=_i64(_I64_MIN), end=_i64(_I64_MAX))}),
+        "kernel ending at int64 max": ("parquet", {"CUPTI_ACTIVITY_KIND_KERNEL": _changed(kernel, end=_i64(_I64_MAX))}),
+        "runtime call starting at 2^62": ("parquet", {"CUPTI_ACTIVITY_KIND_RUNTIME": _changed(
+            runtime, start=_i64(2**62), end=_i64(2**62 + 1))}),
+        "range starting at int64 min": ("parquet", {"NVTX_EVENTS": _changed(nvtx, start=_i64(_I64_MIN, 20))}),
+        "kernel ending before it starts": ("parquet", {"CUPTI_ACTIVITY_KIND_KERNEL": _changed(kernel, end=_i64(150))}),
+        "range ending before it starts": ("arrow", {"NVTX_EVENTS": _changed(nvtx, end=_i64(100, 19))}),
+        "column named ''": ("parquet", {"StringIds": _changed(tables["StringIds"], **{"": pa.array(["x"] * 4)})}),
+        "columns value and VALUE": ("arrow", {"StringIds": _changed(tables["StringIds"], VALUE=pa.array(["x"] * 4))}),
+        "NVTX_EVENTS of 0 rows": ("parquet", {"NVTX_EVENTS": nvtx.slice(0, 0)}),
+        "kernels of 0 rows": ("arrow", {"CUPTI_ACTIVITY_KIND_KERNEL": kernel.slice(0, 0)}),
+        "StringIds of 0 rows, referred to": ("parquet", {"StringIds": tables["StringIds"].slice(0, 0)}),
+        "StringIds rows twice": ("parquet", {"StringIds": pa.concat_tables([tables["StringIds"]] * 2)}),
+        "an ENUM id twice": ("arrow", {"ENUM_CUDA_MEMCPY_OPER": pa.concat_tables([tables["ENUM_CUDA_MEMCPY_OPER"]]
+                                                                                * 2)}),
+    }
+    for i, (name, (layout, changes)) in enumerate(variants.items()):
+        changed = {**tables, **changes}
+        out[name] = ((_arrow(src / f"v{i}.arrow", changed),) if layout == "arrow"
+                     else (_parquetdir(src / f"v{i}", changed),))
+    makers = {"a FIFO": os.mkfifo, "a folder": os.mkdir,
+              "a dangling symbolic link": lambda p: p.symlink_to(src / "gone" / p.name),
+              "a looping symbolic link": lambda p: p.symlink_to(p.name)}
+    for i, (what, make) in enumerate(makers.items()):
+        for table in ("NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "StringIds", "PROCESSES"):
+            for suffix in (".parquet", ".arrow"):
+                folder = _parquetdir(src / f"k{i}{table}{suffix[1:]}", tables, suffix)
+                (folder / f"{table}{suffix}").unlink()
+                make(folder / f"{table}{suffix}")
+                out[f"{table}{suffix} as {what}"] = (folder,)
+    subprocess.run([*CLI, "run", "--workload", "worked-example", "--out", str(src / "run")], check=True,
+                   capture_output=True)
+    for name in ("run.json", "events.parquet"):
+        shutil.copytree(src / "run", src / f"run-{name}")
+        (src / f"run-{name}" / name).unlink()
+        os.mkfifo(src / f"run-{name}" / name)
+        out[f"run directory whose {name} is a FIFO"] = (src / f"run-{name}",)
+    event = {"ph": "X", "cat": "user_annotation", "name": "step", "pid": 7, "tid": 8, "ts": 10, "dur": 5}
+    kernel_event = {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 12, "dur": 2,
+                    "args": {"device": 0, "stream": 7, "correlation": 1}}
+    rank0 = _kineto(src / "rank0.json", [event], baseTimeNanoseconds=1_700_000_000_000_000_000)
+    for name, base in (("base time 2^80", 2**80), ("base time -2^63", -(2**63)), ("base time as text", "17e17")):
+        out[name] = (rank0, _kineto(src / f"rank1-{len(out)}.json", [event], baseTimeNanoseconds=base))
+    traces = {
+        "ts of 9.3e15 us": [event, {**event, "ts": 9.3e15}],
+        "ts + dur past 2^62 ns": [event, {**event, "ts": 4e15, "dur": 1e15}],
+        "pid 2^70": [event, {**event, "pid": 2**70, "ts": 20}],
+        "pid 7.5": [event, {**event, "pid": 7.5, "ts": 20}],
+        "tid 'eight'": [event, {**event, "tid": "eight", "ts": 20}],
+        "pid '7'": [{**event, "pid": "7"}],
+        "pid 7.0": [{**event, "pid": 7.0}],
+        "kernels without ts or dur": [event, kernel_event, {k: v for k, v in kernel_event.items() if k != "ts"},
+                                      {k: v for k, v in kernel_event.items() if k != "dur"}],
+        "negative dur": [event, kernel_event, {**kernel_event, "dur": -2}, {**event, "dur": -1}],
+        "a plain trace": [event],
+    }
+    for i, (name, events) in enumerate(traces.items()):
+        out[name] = (_kineto(src / f"t{i}.json", events),)
+    body = json.dumps({"schemaVersion": 1, "traceEvents": [event, kernel_event]}).encode()
+    for name, size, where in (("padded with 10 MB of white space", 10 << 20, "after"),
+                              ("padded with 1 GB of white space", 1 << 30, "after"),
+                              ("padded with 100 MB of white space before", 100 << 20, "before"),
+                              ("padded with 100 MB of white space inside the array", 100 << 20, "inside")):
+        path = src / f"pad{len(out)}.json.gz"
+        with gzip.open(path, "wb", compresslevel=1) as sink:
+            if where == "before":
+                _write_blank(sink, size)
+            sink.write(body[:-2] if where == "inside" else body)
+            if where == "inside":
+                _write_blank(sink, size)
+                sink.write(b"]}")
+            if where == "after":
+                _write_blank(sink, size)
+        out[name] = (path,)
+    return out
+
+
+def _write_blank(sink, size: int) -> None:
+    block = b" \n" * (4 << 20)
+    for _ in range(size // len(block)):
+        sink.write(block)
+
+
+def extreme_cases(ws: Workspace, src: Path) -> list[Case]:
+    """Every numeric extreme, each ingested by a real `itertrace ingest` into a folder holding an old database."""
+    inputs = prepare_extremes(src)
+    old_db = (src / "old.duckdb").read_bytes()
+    noted = {"pid 2^70": "1 event whose pid or tid is not an integer left out",
+             "pid 7.5": "1 event whose pid or tid is not an integer left out",
+             "tid 'eight'": "1 event whose pid or tid is not an integer left out",
+             "kernels without ts or dur": "2 events without ts or dur left out (2 kernel)",
+             "negative dur": "2 events with a negative dur left out (1 kernel, 1 user_annotation)"}
+    threads = ("SELECT pid, tid FROM threads", [(7, 8)])
+    good = {"pid '7'": threads, "pid 7.0": threads,
+            "a plain trace": ("SELECT count(*) FROM nvtx_ranges", [(1,)]),
+            "NVTX_EVENTS of 0 rows": ("SELECT count(*) FROM gpu_ops", [(1,)]),
+            "kernels of 0 rows": ("SELECT count(*) FROM nvtx_ranges", [(2,)]),
+            **{name: ("SELECT count(*) FROM gpu_ops", [(1,)]) for name in inputs if name.startswith("padded")}}
+    kept = {"pid 2^70": ("SELECT count(*) FROM nvtx_ranges", [(1,)]),
+            "kernels without ts or dur": ("SELECT start_ns, end_ns FROM gpu_ops", [(12_000, 14_000)]),
+            "negative dur": ("SELECT count(*) FROM gpu_ops UNION ALL SELECT count(*) FROM nvtx_ranges", [(1,), (1,)])}
+    out = []
+    for name, sources in inputs.items():
+        folder = ws.folder(keep={"t.duckdb": old_db})
+        argv = ["ingest", *map(str, sources), "--db", str(folder / "t.duckdb"), "--quiet"]
+        if name in noted:
+            out.append(Case(EXTREMES, argv, folder, good=True, says=noted[name], rows=kept.get(name),
+                            keep={"t.duckdb": old_db}))
+        elif name in good:
+            out.append(Case(EXTREMES, argv, folder, good=True, unsaid="itertrace: note:", rows=good[name],
+                            keep={"t.duckdb": old_db}))
+        else:
+            out.append(Case(EXTREMES, argv, folder, keep={"t.duckdb": old_db}))
+    return out
+
+
+def limit_cases(ws: Workspace, src: Path) -> list[Case]:
+    """Workloads past what the engine or the machine holds, each run by a real `itertrace run` (or experiment)."""
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "too-long.jsonl").write_text(json.dumps({"timestamp": 0, "input_length": 3, "output_length": 2**31 - 1}))
+    synthetic = ["run", "--workload", "synthetic"]
+    refused = [
+        [*synthetic, "--rate", "1e-300"],
+        [*synthetic, "--num-requests", "4", "--rate", "1e-10"],
+        [*synthetic, "--cv", "1e-300"],
+        [*synthetic, "--rate", "1", "--cv", "1e300"],
+        [*synthetic, "--output-len", "1000000000", "--num-requests", "1"],
+        [*synthetic, "--prompt-len", "70000"],
+        [*synthetic, "--prompt-len", "600", "--no-chunked-prefill", "--token-budget", "512"],
+        [*synthetic, "--num-requests", "1000000000"],
+        ["run", "--workload", "slot-time-uniform", "--num-requests", "1000000000"],
+        ["experiment", "slot-time", "--requests", "1000000000"],
+        ["run", "--workload", str(src / "too-long.jsonl")],
+    ]
+    out = []
+    for argv in refused:
+        folder = ws.folder()
+        out.append(Case(LIMITS, [*argv, "--out", str(folder / "run")], folder, never=(folder / "run",)))
+    folder = ws.folder()
+    out.append(Case(LIMITS, [*synthetic, "--output-len", "choice:16,100000@0.5,0.5", "--num-requests", "8", "--out",
+                             str(folder / "run")], folder, good=True, says="requests are rejected on arrival"))
+    return out
+
+
+# Categories made by their own builders, without `prepare`'s run, exports and databases.
+OWN_INPUTS: dict[str, Callable[[Workspace, Path], list[Case]]] = {EXTREMES: extreme_cases, LIMITS: limit_cases}
+
+
 def prepare(src: Path) -> None:
     """The sources the cases read: a run, its database, exports, and the bad files."""
     subprocess.run([*CLI, "run", "--workload", "worked-example", "--out", str(src / "run")], check=True,
@@ -421,20 +653,23 @@ def prepare(src: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary one)")
-    parser.add_argument("--category", action="append", metavar="N",
-                        help="run only the categories numbered N (repeatable; default: all)")
+    parser.add_argument("--only", metavar="WORDS", help="only the categories whose name holds WORDS, e.g. 'extremes'")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="itertrace-adversarial-")) if args.keep is None else args.keep
     root.mkdir(parents=True, exist_ok=True)
     (root / "src").mkdir()
-    prepare(root / "src")
     ws = Workspace(root)
     tallies: dict[str, Tally] = {}
     started = time.monotonic()
     try:
-        for case in cases(ws, root / "src"):
-            if args.category and re.match(r"\d+", case.category).group() not in args.category:
-                continue
+        chosen: list[Case] = []
+        if args.only is None or not any(args.only in name for name in OWN_INPUTS):
+            prepare(root / "src")
+            chosen += cases(ws, root / "src")
+        for name, build in OWN_INPUTS.items():
+            if args.only is None or args.only in name:
+                chosen += build(ws, root / "src" / name.split()[0])
+        for case in (c for c in chosen if args.only is None or args.only in c.category):
             status, err, lost, read = run(case)
             judge(case, status, err, lost, read, tallies.setdefault(case.category, Tally()))
     finally:

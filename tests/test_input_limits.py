@@ -131,3 +131,67 @@ def test_a_report_on_a_table_of_the_wrong_types_is_one_line(tmp_path, capsys):
     line = refused(capsys, "report", "--db", str(db), "-o", str(tmp_path / "r.html"))
     assert str(db) in line and "nvtx_ranges" in line, line
     assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("rate", ["1e-300", "1e-10"])
+def test_a_rate_whose_arrivals_outrun_the_engine_clock_is_refused(rate, tmp_path, capsys):
+    line = refused(capsys, "run", "--workload", "synthetic", "--num-requests", "4", "--rate", rate,
+                   "--out", str(tmp_path / "run"))
+    assert line.startswith(f"itertrace: error: --rate {rate}: 4 requests arriving at {rate} per second reach "
+                           "past the engine's clock (146 years); give at least 6.5e-10 per second, or 0 for all at "
+                           "once"), line
+    assert not (tmp_path / "run").exists()
+    nothing_left(tmp_path)
+
+
+@pytest.mark.parametrize("cv", ["1e-300", "1e300", "1e-160"])
+def test_a_cv_the_gamma_draw_cannot_take_is_refused(cv, tmp_path, capsys):
+    for rate in ("0", "2"):
+        line = refused(capsys, "run", "--workload", "synthetic", "--num-requests", "4", "--rate", rate, "--cv", cv,
+                       "--out", str(tmp_path / "run"))
+        assert line == (f"itertrace: error: --cv {float(cv):g}: the gamma shape 1/cv^2 is not a positive finite "
+                        "number; give a cv from 1e-150 to 1e150"), line
+    nothing_left(tmp_path)
+
+
+def test_an_output_no_kv_pool_holds_is_refused_with_the_longest_that_fits(tmp_path, capsys):
+    line = refused(capsys, "run", "--workload", "synthetic", "--output-len", "1000000000", "--num-requests", "1",
+                   "--out", str(tmp_path / "run"))
+    assert line == ("itertrace: error: --output-len 1000000000: its one request can never run: the KV pool "
+                    "holds 65,536 tokens (--num-blocks 4,096 x --block-size 16) and the shortest needs 1,000,000,128 "
+                    "(prompt + output); at most 65,408 output tokens fit beside a 128-token prompt"), line
+    line = refused(capsys, "run", "--workload", "synthetic", "--prompt-len", "70000", "--output-len", "1",
+                   "--num-blocks", "4096", "--out", str(tmp_path / "run"))
+    assert line.startswith("itertrace: error: --prompt-len 70000: none of the 64 requests can ever run: "), line
+    line = refused(capsys, "run", "--workload", "synthetic", "--prompt-len", "600", "--no-chunked-prefill",
+                   "--token-budget", "512", "--decode-reserve", "0", "--out", str(tmp_path / "run"))
+    assert line == ("itertrace: error: --prompt-len 600: none of the 64 requests can ever run: with "
+                    "--no-chunked-prefill a prompt must fit one iteration's prefill room of 512 tokens "
+                    "(--token-budget less --decode-reserve), and the shortest has 600"), line
+    assert not (tmp_path / "run").exists()
+    nothing_left(tmp_path)
+
+
+def test_requests_no_kv_pool_holds_are_counted_in_a_note(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["run", "--workload", "synthetic", "--output-len", "choice:16,100000@0.5,0.5", "--num-requests", "8",
+                 "--out", str(run)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    rejected = json.loads((run / "run.json").read_text())["summary"]["states"]["rejected"]
+    assert 0 < rejected < 8
+    assert err == [f"itertrace: note: {rejected} of 8 requests are rejected on arrival: their prompt and output need "
+                   "more than the KV pool's 65,536 tokens (--num-blocks 4,096 x --block-size 16)"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "--workload", "synthetic", "--num-requests", "1000000000"],
+    ["run", "--workload", "slot-time-uniform", "--num-requests", "1000000000"],
+    ["experiment", "slot-time", "--requests", "1000000000"],
+])
+def test_more_requests_than_memory_holds_are_refused_before_any_is_made(argv, tmp_path, capsys):
+    line = refused(capsys, *argv, "--out", str(tmp_path / "run"))
+    flag = argv[-2]
+    assert line.startswith(f"itertrace: error: {flag} 1000000000: the requests alone take at least 940.0 GB of "
+                           "memory (940 bytes each, before the run starts), and this machine has "), line
+    assert not (tmp_path / "run").exists()
+    nothing_left(tmp_path)

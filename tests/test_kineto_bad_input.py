@@ -104,3 +104,35 @@ def test_nsys_capture_and_kineto_trace_in_one_database(tmp_path, target, capsys)
     for order in ((trace, export), (export, trace)):
         line = fails(capsys, "ingest", *map(str, order), "--db", str(target))
         assert "nsys captures or PyTorch profiler traces, not both" in line
+
+
+@pytest.mark.parametrize("where", ["before", "between keys", "inside the array", "after"])
+def test_valid_json_padded_with_white_space_is_valid_at_any_size(where, tmp_path, capsys):
+    """Past the 64 MB kept of the keys around the array and DuckDB's largest JSON value, in a small .json.gz."""
+    pad = b" \n\t\r" * (25 << 20)  # 100 MB
+    events = json.dumps([EVENT] * 3).encode()
+    body = {"before": pad + b'{"schemaVersion": 1, "traceEvents": ' + events + b"}",
+            "between keys": b'{"schemaVersion": 1,' + pad + b'"traceEvents": ' + events + b',' + pad + b'"a": 2}',
+            "inside the array": b'{"traceEvents": [' + events[1:-1] + pad + b"," + pad + json.dumps(EVENT).encode()
+                                + pad + b"]}",
+            "after": b'{"schemaVersion": 1, "traceEvents": ' + events + b"}" + pad}[where]
+    padded = tmp_path / "padded.json.gz"
+    padded.write_bytes(gzip.compress(body, compresslevel=1))
+    db = tmp_path / "t.duckdb"
+    assert main(["ingest", str(padded), "--db", str(db), "--quiet"]) == 0, capsys.readouterr().err
+    with duckdb.connect(str(db), read_only=True) as con:
+        ranges = con.execute("SELECT count(*) FROM nvtx_ranges").fetchall()[0][0]
+    assert ranges == (4 if where == "inside the array" else 3)
+
+
+def test_white_space_inside_strings_is_kept(tmp_path, capsys):
+    name = "step" + " " * (1 << 20) + "\n  \\\"end\" "  # spaces, an escaped newline, quote and backslash
+    pad = b" " * (70 << 20)
+    src = tmp_path / "t.json"
+    src.write_bytes(b'{"note": "a  \\"  b",' + pad + b'"traceEvents": [' + json.dumps({**EVENT, "name": name}).encode()
+                    + pad + b"]}" + pad)
+    db = tmp_path / "t.duckdb"
+    assert main(["ingest", str(src), "--db", str(db), "--quiet"]) == 0, capsys.readouterr().err
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT text FROM nvtx_ranges").fetchall() == [(name,)]
+        assert con.execute("SELECT metadata ->> 'note' FROM kineto_sources").fetchall() == [('a  "  b',)]
