@@ -327,3 +327,26 @@ SELECT ts_ns, ts_ns + dur_ns, dur_ns, name, source_no, coalesce(device_id, pid),
 FROM _kineto_events
 WHERE ph = 'X' AND cat = 'gpu_user_annotation'
 ORDER BY ts_ns, source_no, rowid;
+
+-- The profiler's own spans (capture_spans.sql): its Trace event, for every process of the file; and
+-- the span of each process's ProfilerStep#N annotations.
+INSERT INTO capture_spans
+WITH
+  traced AS (
+    SELECT source_no, min(ts_ns) AS start_ns, max(ts_ns + coalesce(dur_ns, 0)) AS end_ns
+    FROM _kineto_events
+    WHERE ph = 'X' AND cat = 'trace'
+    GROUP BY source_no
+  ),
+  stepped AS (
+    SELECT global_pid, min(start_ns) AS start_ns, max(end_ns) AS end_ns
+    FROM _kineto_annotations
+    WHERE NOT is_mark AND NOT is_frame AND regexp_matches(text, '^ProfilerStep#\d+$')
+    GROUP BY global_pid
+  )
+SELECT p.global_pid, s.start_ns, s.end_ns, 'kineto trace span'
+FROM traced AS s
+JOIN (SELECT DISTINCT source_no, global_pid FROM _kineto_threads) AS p USING (source_no)
+UNION ALL
+SELECT global_pid, start_ns, end_ns, 'kineto profiler steps' FROM stepped
+ORDER BY 1, 4;
