@@ -166,8 +166,8 @@ def unnamed_threads_note(con: duckdb.DuckDBPyConnection, schema: str) -> str | N
         "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = current_database() "
         "UNION ALL SELECT schema_name, view_name FROM duckdb_views() WHERE database_name = current_database()"
     ).fetchall()}
-    if ("main", "threads") not in tables or (schema, "threadnames") in tables:
-        return None
+    if ("main", "threads") not in tables or (schema, "threadnames") in tables or all(s != schema for s, _ in tables):
+        return None  # no threads, or their names, or no nsys capture (a PyTorch profiler trace names threads itself)
     threads, named = con.execute("SELECT count(*), count(name) FROM threads").fetchall()[0]
     if not threads or named:
         return None

@@ -19,7 +19,7 @@ from itertrace.errors import UserError
 from itertrace.ingest.arrow_io import first_line
 from itertrace.ingest.kineto_json import looks_like_trace, split_trace
 from itertrace.ingest.kineto_nesting import create_kineto_nesting
-from itertrace.ingest.loader import LoadContext
+from itertrace.ingest.loader import EventCount, LoadContext
 from itertrace.ingest.normalize import SQL_FILES, normalized_tables, prefer_sort_based_joins, sql_text
 from itertrace.ingest.sqldoc import comment_statements, literal, statements
 
@@ -107,12 +107,14 @@ class KinetoLoader:
         con.execute(sql.before_nesting)
         create_kineto_nesting(con, "SELECT * FROM _kineto_nesting_input", "_kineto_nesting")
         con.execute(sql.after_nesting)
+        ctx.event_counts += [EventCount(*row) for row in con.execute(
+            "SELECT category, events, kept_in, skipped_why FROM _kineto_event_fates").fetchall()]
         _check_ids(con, paths)
         _write_capture_meta(con, sources)
         con.execute(sql.comments)
         ctx.rows_written += con.execute(sql.count_rows).fetchall()[0][0]
         con.execute("DROP TABLE _kineto_annotations; DROP TABLE _kineto_nesting; DROP VIEW _kineto_nesting_input; "
-                    "DROP TABLE _kineto_threads; DROP TABLE _kineto_events; "
+                    "DROP TABLE _kineto_event_fates; DROP TABLE _kineto_threads; DROP TABLE _kineto_events; "
                     "DROP TABLE _kineto_files")
 
 

@@ -350,3 +350,43 @@ JOIN (SELECT DISTINCT source_no, global_pid FROM _kineto_threads) AS p USING (so
 UNION ALL
 SELECT global_pid, start_ns, end_ns, 'kineto profiler steps' FROM stepped
 ORDER BY 1, 4;
+
+-- What became of the events, by category (coalesce(cat, ph)): the table or use they went to, or why
+-- they were skipped; the ingest's closing line reports it.
+CREATE TEMP TABLE _kineto_event_fates AS
+WITH
+  fates AS (
+    SELECT
+      coalesce(e.cat, e.ph) AS category,
+      e.ph IN ('X', 'i', 'I') AND (e.pid IS NULL OR e.tid IS NULL) AND e.cat IN (
+        'python_function', 'user_annotation', 'cpu_op', 'operator', 'cuda_runtime', 'runtime', 'cuda_driver', 'driver')
+        OR e.ph IN ('i', 'I') AND (e.pid IS NULL OR e.tid IS NULL) AS off_thread,
+      CASE
+        WHEN off_thread THEN NULL
+        WHEN e.ph = 'X' AND e.cat = 'python_function' THEN 'frames, in nvtx_ranges'
+        WHEN e.ph = 'X' AND e.cat = 'user_annotation' THEN
+          CASE WHEN list_contains(s.mark_names, split_part(e.name, ' ', 1)) THEN 'nvtx_marks' ELSE 'nvtx_ranges' END
+        WHEN e.ph IN ('i', 'I') AND coalesce(e.cat, '') NOT LIKE 'itertrace%' THEN 'nvtx_marks'
+        WHEN e.ph = 'X' AND e.cat IN ('cpu_op', 'operator') THEN 'kineto_cpu_ops'
+        WHEN e.ph = 'X' AND e.cat IN ('cuda_runtime', 'runtime', 'cuda_driver', 'driver') THEN 'cuda_api'
+        WHEN e.ph = 'X' AND e.cat IN ('kernel', 'gpu_memcpy', 'memcpy', 'gpu_memset', 'memset') THEN 'gpu_ops'
+        WHEN e.ph = 'X' AND e.cat = 'gpu_user_annotation' THEN 'kineto_gpu_annotations'
+        WHEN e.ph = 'X' AND e.cat = 'trace' THEN 'the profiler''s span, in capture_spans'
+        WHEN e.ph IN ('s', 'f', 't') AND e.cat IN ('ac2g', 'async_cpu_to_gpu', 'async_gpu')
+          THEN 'flows, read for correlation ids'
+        WHEN e.ph = 'M' AND e.name IN ('thread_name', 'process_name') THEN 'names of threads and processes'
+      END AS kept_in,
+      CASE
+        WHEN off_thread THEN 'on no thread: pid or tid not a number'
+        WHEN e.ph = 'X' AND e.cat = 'cuda_sync' THEN 'synchronization waits, not GPU work'
+        WHEN e.ph = 'M' THEN 'display settings'
+        WHEN coalesce(e.cat, '') LIKE 'itertrace%' THEN 'tracks that itertrace export perfetto adds'
+        WHEN e.ph IN ('s', 'f', 't') THEN 'flows between ops'
+        ELSE 'not read'
+      END AS skipped_why
+    FROM _kineto_events AS e
+    JOIN kineto_sources AS s USING (source_no)
+  )
+SELECT category, kept_in, CASE WHEN kept_in IS NULL THEN skipped_why END AS skipped_why, count(*) AS events
+FROM fates
+GROUP BY ALL;
