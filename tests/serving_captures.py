@@ -29,17 +29,23 @@ def path_of(name: str) -> Path:
     return SERVING / f"{name}.json.gz"
 
 
-def build(name: str, steps: int = 50, out_path: Path | None = None, gap_us: int = 1000) -> Path:
-    """`steps` copies of the shared trace `name` as one trace at `out_path` (gzipped if it ends in .gz)."""
-    return repeat(path_of(name), steps, out_path or Path(tempfile.mkdtemp()) / f"{name}_x{steps}.json", gap_us)
+def build(name: str, steps: int = 50, out_path: Path | None = None, gap_us: int = 1000,
+          drop: frozenset[str] = frozenset()) -> Path:
+    """`steps` copies of the shared trace `name` as one trace at `out_path` (gzipped if it ends in .gz), without
+    the events of the categories in `drop`."""
+    out_path = out_path or Path(tempfile.mkdtemp()) / f"{name}_x{steps}.json"
+    return repeat(path_of(name), steps, out_path, gap_us, drop)
 
 
-def repeat(source: Path, copies: int, out_path: Path, gap_us: int = 1000) -> Path:
-    """`copies` copies of the events of the trace at `source`, one after another, as one trace at `out_path`."""
+def repeat(source: Path, copies: int, out_path: Path, gap_us: int = 1000, drop: frozenset[str] = frozenset()) -> Path:
+    """`copies` copies of the events of the trace at `source` (less those of the categories in `drop`), one after
+    another, as one trace at `out_path`."""
     with tempfile.TemporaryDirectory() as work:
         events_file = Path(work) / "events.json"
         meta = split_trace(source, events_file).meta
         body = events_file.read_bytes().strip()[1:-1].strip().rstrip(b",")
+    if drop:
+        body = b", ".join(text for text, event in _events(body) if event.get("cat") not in drop)
     ends = [(Decimal(m[1].decode()), Decimal(m[2].decode() if m[2] else "0")) for m in _END.finditer(body)]
     first, last = min(ts for ts, _ in ends), max(ts + dur for ts, dur in ends)
     shift_us = int(last - first) + 1 + gap_us
@@ -56,3 +62,14 @@ def repeat(source: Path, copies: int, out_path: Path, gap_us: int = 1000) -> Pat
             sink.write(b", " + json.dumps(key).encode() + b": " + json.dumps(value).encode())
         sink.write(b"}\n")
     return out_path
+
+
+def _events(body: bytes):
+    """(text, event) of each event in `body`, the inside of an event array: the text exactly as written."""
+    text, decoder, at = body.decode(), json.JSONDecoder(parse_float=Decimal), 0
+    while at < len(text):
+        event, end = decoder.raw_decode(text, at)
+        yield text[at:end].encode(), event
+        at = end
+        while at < len(text) and text[at] in ", \n\r\t":
+            at += 1

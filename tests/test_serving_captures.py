@@ -61,3 +61,15 @@ def test_n_steps_are_n_times_one_step(tmp_path, name):
     n = len(one["gpu_starts"])
     shifts = {many["gpu_starts"][k * n + i] - start for k in range(steps) for i, start in enumerate(one["gpu_starts"])}
     assert len(shifts) == steps and min(shifts) == 0 and all(s % 1000 == 0 for s in shifts)
+
+
+def test_a_dropped_category_leaves_every_other_event(tmp_path):
+    name = "vllm_decode_full_graph_step"
+    if not path_of(name).is_file():
+        pytest.skip(f"{path_of(name)} not found")
+    ingest([path_of(name)], tmp_path / "one.duckdb")
+    ingest([build(name, 2, tmp_path / "t.json", drop=frozenset({"python_function"}))], tmp_path / "bare.duckdb")
+    one, bare = facts(tmp_path / "one.duckdb"), facts(tmp_path / "bare.duckdb")
+    assert bare["by_cat"] == {cat: 2 * n for cat, n in one["by_cat"].items() if cat != "python_function"}
+    assert bare["ranges"] == {"push_pop": 2 * one["ranges"]["push_pop"]}
+    assert bare["gpu_ops"] == {kind: 2 * n for kind, n in one["gpu_ops"].items()}
