@@ -92,7 +92,7 @@ class KinetoLoader:
 
         The statements go to DuckDB a script at a time (the CREATEs, the INSERTs, the COMMENTs), read
         from the SQL files once per process. Most of the time of a small trace goes to DuckDB itself
-        (benchmarks/bench_kineto.py, Floor): planning each INSERT, about 170 COMMENTs, the checkpoint.
+        (benchmarks/bench_kineto.py --floor): planning each INSERT, about 170 COMMENTs, the checkpoint.
         """
         con = ctx.con
         sql = _sql()
