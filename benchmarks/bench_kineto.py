@@ -1,89 +1,62 @@
-"""Benchmark (not a test): ingest of PyTorch profiler (Kineto) traces, beside json.load and Holistic Trace Analysis.
+"""Benchmark (not a test): a vLLM server's PyTorch profiler trace, ingested with and without its Python frames,
+and the time to a first answer beside Holistic Trace Analysis.
 
-Measures, each command in its own process and the commands taken in turn for ROUNDS rounds (so that a
-busy spell of the machine falls on all of them alike), wall time, CPU time (user + system, every
-thread) and peak RSS (wait4) of:
+The trace: the shared one-step vLLM trace (`../shared/serving_traces/vllm_decode_full_graph_step.json.gz`)
+repeated STEPS times with shifted times and ids (`tests/serving_captures.py`), gzipped as vLLM writes it;
+and the same without its `python_function` events, which is what the ingest stored before it read frames.
+Each command runs in its own process, and the commands are taken in turn for ROUNDS rounds, so that a
+busy spell of the machine falls on all of them alike. Measured: wall time, CPU time (user + system, every
+thread and child) and peak RSS (wait4) of
 
-- `itertrace ingest resnet_v100_ns_rank0.json.gz` (68,692 events), the whole command;
-- the `ingest()` call on the same file in a process of its own, timed after the imports, as HTA's
-  call is (the command's closing line gives tenths of a second only);
-- `json.load` of the same file (gzip included), the least any Python reader of it does;
-- Holistic Trace Analysis's `TraceAnalysis(trace_dir=...)` on it, when `--hta-python` names a Python
-  that has HolisticTraceAnalysis installed (it is no dependency of this project: make a throwaway venv);
-- the same sample repeated COPIES times with shifted times and ids, as one large uncompressed trace
-  (315 MB at 20 copies), and at half that size, to show the ingest linear in the size:
-  `itertrace ingest` (and its events/s), and `json.load`;
-- the fixed costs (FLOOR below).
+- `itertrace ingest` of the trace, and of the trace without frames (target: frames cost under 2x);
+- the time to a first answer on the trace: `itertrace ingest` then `itertrace query gpu_time_summary`,
+  against HTA 0.5.0's `TraceAnalysis(trace_dir=...)` then `get_temporal_breakdown()` on the same file, when
+  `--hta-python` names a Python that has HolisticTraceAnalysis installed (no dependency of this project:
+  make a throwaway venv; target: HTA takes 3x or more);
+- queries on the two databases, with frames and without: `gpu_time_summary`, `iterations` and
+  `mapping suggest` (whether frames in the ranges' table slow the queries over annotations);
+- `json.load` of the trace, the least any Python reader of it does;
+- with `--floor`, the fixed costs of a Kineto ingest (interpreter start, imports, DuckDB's engine and file,
+  a near-empty ingest) on the HTA sample `../shared/kineto_samples/resnet_v100_ns_rank0.json.gz`.
 
-Usage: python benchmarks/bench_kineto.py [--copies 20] [--rounds 3] [--hta-python /tmp/hta/bin/python]
-       [--out DIR] (or python benchmarks/bench_ingest.py --kineto ...)
+Prints the medians and the ratios; writes every run to OUT/bench_kineto.json.
 
-Floor
------
-The target of 10x HTA on the sample is out of reach with a DuckDB file as the result. Measured on a
-2-core machine shared with other work (two runs of 3 rounds, load average 4.6 and 8.9; wall times
-stretch with the load, CPU times much less):
-
-- HTA's TraceAnalysis() takes 1.22 and 3.29 s (1.97-2.11 s CPU for its whole process); the ingest()
-  call 0.59 and 1.78 s, 1.8-2.1x less; the whole `itertrace ingest` 2.1-2.2x less wall and 1.9-2.0x
-  less CPU (0.97-1.10 s).
-- What an ingest of 12 events costs (nothing to read, every step taken): 0.34-0.40 s wall; in one
-  process, 0.19-0.24 s CPU of the sample's 0.52-0.58 s. In it, DuckDB starts its engine four times
-  when the --db file exists (as in every round here), twice otherwise, each 15-26 ms CPU (about 50 ms
-  wall when loaded): the database being built, the lock probe of the existing file before and after
-  (itertrace/targets.py), and the read-only reopen that checks the written file (ingest/api.py). The
-  ~170 COMMENT ON statements take 0.035-0.06 s, the dozen INSERTs of kineto.sql 0.06-0.14 s, most of
-  it DuckDB's planning at this size; CHECKPOINT 0.02-0.04 s.
-- Per event (profile of the sample, CPU): the staging INSERT 0.16 s, of which DuckDB's read_json of the
-  array 0.07 s (0.023 s just to count it) and casts and json_extract 0.05 s; the split of the file 0.07 s,
-  of which gzip 0.03 s; the INSERTs of kineto.sql 0.1 s.
-- Before the call: interpreter start 0.07 s, `import duckdb` 0.12-0.31 s, every import of the command
-  0.61-0.79 s, of which pyarrow and numpy are 40%: the nsys and run-directory loaders need them, a
-  Kineto ingest does not.
-
-So the least in-call time of this design is about 0.2 s CPU (gzip 0.03, DuckDB's parse 0.07, one engine
-start 0.02, create + commit + checkpoint 0.05-0.07, the SQL 0.05), 6x under HTA's call (1.1-1.2 s CPU), and
-the least whole command about 0.45 s. The design that would get there: one DuckDB engine per ingest,
-ATTACHing the file it builds and probing the target's lock and re-reading the result through the same
-engine (saves three engine starts); loaders registered by module name and imported only when one claims a
-source (saves pyarrow and numpy for a Kineto ingest).
-
-The 315 MB trace: 6.2-6.4 s CPU, 12.8-16.3 s wall under that load, 84,000-107,000 events/s, peak RSS
-562-611 MB (json.load: 1,608 MB); x20 / x10 took 1.8-1.9x the CPU (1.8-2.6x the wall).
+Usage: python benchmarks/bench_kineto.py [--steps 96] [--rounds 3] [--hta-python /tmp/hta-venv/bin/python]
+       [--floor] [--out DIR]    (or python benchmarks/bench_ingest.py --kineto ...)
 """
 from __future__ import annotations
 
 import argparse
 import gzip
 import json
-import multiprocessing
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from serving_captures import build, path_of  # noqa: E402  (the tests' builder of multi-step traces)
+
+STEP = "vllm_decode_full_graph_step"
 SAMPLE = Path(__file__).resolve().parents[1].parent / "shared" / "kineto_samples" / "resnet_v100_ns_rank0.json.gz"
 JSON_LOAD = ("import gzip, json, sys; p = sys.argv[1]; "
              "f = gzip.open(p) if p.endswith('.gz') else open(p, 'rb'); print(len(json.load(f)['traceEvents']))")
-HTA_LOAD = ("import sys, time; from hta.trace_analysis import TraceAnalysis; t = time.perf_counter(); "
-            "TraceAnalysis(trace_dir=sys.argv[1]); print(f'load {time.perf_counter() - t:.3f} s', file=sys.stderr)")
-# The ingest's own call, timed as HTA's is: after the imports, around the one call (the CLI's closing line
-# gives tenths of a second only).
-INGEST_CALL = ("import sys, time; from itertrace.ingest.api import ingest; t = time.perf_counter(); "
-               "ingest(sys.argv[2:], sys.argv[1]); print(f'load {time.perf_counter() - t:.3f} s', file=sys.stderr)")
-# The fixed costs the ingest cannot go below, each in a process of its own (see FLOOR in the docstring).
+HTA_ANSWER = ("import sys, time; from hta.trace_analysis import TraceAnalysis; t = time.perf_counter(); "
+              "TraceAnalysis(trace_dir=sys.argv[1]).get_temporal_breakdown(visualize=False); "
+              "print(f'call {time.perf_counter() - t:.3f} s', file=sys.stderr)")
+# The fixed costs of an ingest, each in a process of its own (--floor).
 FLOOR_STEPS = {
     "interpreter start (python -c pass)": "pass",
     "import duckdb": "import duckdb",
     "imports of `itertrace ingest`": "import itertrace.ingest.api, itertrace.cli",
 }
 FLOOR_CALLS = """
-import gzip, os, sys, time, duckdb
+import gzip, sys, time, duckdb
 from itertrace.ingest.api import ingest
 from itertrace.ingest.kineto_json import split_trace
 from pathlib import Path
@@ -93,13 +66,11 @@ def timed(label, work):
 timed("gzip decompress of the sample", lambda: gzip.decompress(sample.read_bytes()))
 events = out / "floor-events.json"
 timed("split of the sample (decompress, copy the event array out)", lambda: split_trace(sample, events))
-columns = "{'ph': 'VARCHAR', 'cat': 'VARCHAR', 'name': 'VARCHAR', 'pid': 'JSON', 'tid': 'JSON', " \
+columns = "{'ph': 'VARCHAR', 'cat': 'VARCHAR', 'name': 'VARCHAR', 'pid': 'JSON', 'tid': 'JSON', " \\
           "'ts': 'DECIMAL(22,3)', 'dur': 'DECIMAL(22,3)', 'id': 'JSON', 'args': 'JSON'}"
 con = duckdb.connect()
 timed("DuckDB read_json of the event array, counted only",
       lambda: con.execute(f"SELECT count(*) FROM read_json('{events}', format='array', columns={columns})").fetchall())
-timed("DuckDB read_json of the event array into a table",
-      lambda: con.execute(f"CREATE TABLE e AS FROM read_json('{events}', format='array', columns={columns})"))
 db = out / "floor.duckdb"
 def empty_database():
     db.unlink(missing_ok=True)
@@ -113,34 +84,6 @@ timed("DuckDB file: create 14 tables, commit, checkpoint, close, reopen", empty_
 timed("ingest of a trace of 12 events (the sample's first ones)",
       lambda: ingest([out / "floor-tiny.json"], out / "t.duckdb"))
 """
-_IDS = re.compile(rb'("(?:correlation|External id|id|Ev Idx)": )(\d+)')
-_TS = re.compile(rb'("ts": )(\d+)')
-
-
-def repeated(sample: Path, copies: int, out: Path) -> tuple[Path, int]:
-    """`sample`'s events `copies` times over in one uncompressed trace, each copy later than the last and with
-    ids of its own; (the file, its event count)."""
-    text = gzip.decompress(sample.read_bytes())
-    start = text.index(b"[", text.index(b'"traceEvents"'))
-    events = json.loads(text)["traceEvents"]
-    end = _array_end(text, start)
-    body = text[start + 1:end].strip().rstrip(b",")
-    times = [int(m.group(2)) for m in _TS.finditer(body)]
-    span = max(times) - min(times) + 1000
-    with open(out, "wb") as sink:
-        sink.write(text[:start + 1])
-        for k in range(copies):
-            shifted = _TS.sub(lambda m: m.group(1) + str(int(m.group(2)) + k * span).encode(), body)
-            shifted = _IDS.sub(lambda m: m.group(1) + str(int(m.group(2)) + k * 10_000_000).encode(), shifted)
-            sink.write((b",\n" if k else b"") + shifted)
-        sink.write(text[end:])
-    return out, len(events) * copies
-
-
-def _array_end(text: bytes, start: int) -> int:
-    """Offset of the `]` closing the array that opens at `start` (json's own parser finds it)."""
-    decoded = text.decode()
-    return len(decoded[:json.JSONDecoder().raw_decode(decoded, start)[1]].encode()) - 1
 
 
 def measure(argv: list[str]) -> tuple[float, float, float, str]:
@@ -157,80 +100,113 @@ def measure(argv: list[str]) -> tuple[float, float, float, str]:
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, stderr
 
 
-def _reported(stderr: str, pattern: str) -> float | None:
-    found = re.search(pattern, stderr)
-    return float(found.group(1)) if found else None
+def measure_all(argvs: list[list[str]]) -> tuple[float, float, float]:
+    """(wall s, CPU s, peak RSS MB) of commands run one after the other, as one."""
+    runs = [measure(argv)[:3] for argv in argvs]
+    return sum(r[0] for r in runs), sum(r[1] for r in runs), max(r[2] for r in runs)
 
 
-def main(argv: list[str] | None = None) -> None:
+def traces(steps: int, out: Path) -> tuple[Path, Path]:
+    """The vLLM-shaped trace of `steps` steps, gzipped, and the same without its frames."""
+    made = []
+    for label, drop in (("", frozenset()), ("-noframes", frozenset({"python_function"}))):
+        plain = build(STEP, steps, out / f"vllm_x{steps}{label}.json", drop=drop)
+        with open(plain, "rb") as source, gzip.open(out / f"{plain.name}.gz", "wb", compresslevel=6) as sink:
+            shutil.copyfileobj(source, sink)
+        plain.unlink()
+        made.append(out / f"{plain.name}.gz")
+    return made[0], made[1]
+
+
+def commands(trace: Path, bare: Path, out: Path, hta_python: str | None) -> dict[str, list[list[str]]]:
+    """Each measured command, as the argvs it runs one after the other."""
+    cli = [sys.executable, "-m", "itertrace.cli"]
+    framed_db, bare_db, answer_db = out / "frames.duckdb", out / "noframes.duckdb", out / "answer.duckdb"
+    found = {
+        "ingest, frames": [[*cli, "ingest", str(trace), "--db", str(framed_db)]],
+        "ingest, no frames": [[*cli, "ingest", str(bare), "--db", str(bare_db)]],
+        "ingest + gpu_time_summary": [[*cli, "ingest", str(trace), "--db", str(answer_db)],
+                                      [*cli, "query", "gpu_time_summary", "--db", str(answer_db)]],
+        "json.load": [[sys.executable, "-c", JSON_LOAD, str(trace)]],
+    }
+    for query in (["query", "gpu_time_summary"], ["query", "iterations"], ["mapping", "suggest"]):
+        for label, db in (("frames", framed_db), ("no frames", bare_db)):
+            found[f"{' '.join(query[1:] if query[0] == 'query' else query)}, {label}"] = [[*cli, *query, "--db", str(db)]]
+    if hta_python:
+        hta_dir = out / "hta"
+        hta_dir.mkdir(exist_ok=True)
+        shutil.copy(trace, hta_dir / trace.name)
+        found["HTA load + temporal breakdown"] = [[hta_python, "-c", HTA_ANSWER, str(hta_dir)]]
+    return found
+
+
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--copies", type=int, default=20, help="copies of the sample in the large trace (default 20)")
+    parser.add_argument("--steps", type=int, default=96, help="steps of the vLLM trace (default 96: about 48 MB)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every command, taken in turn (default 3)")
-    parser.add_argument("--hta-python", help="a Python with HolisticTraceAnalysis installed, to time its load")
+    parser.add_argument("--hta-python", help="a Python with HolisticTraceAnalysis installed, to time it")
+    parser.add_argument("--floor", action="store_true", help="also measure the fixed costs of an ingest")
     parser.add_argument("--out", type=Path, default=Path("/tmp/itertrace-bench-kineto"))
     args = parser.parse_args(argv)
-    if not SAMPLE.is_file():
-        raise SystemExit(f"{SAMPLE}: the Kineto sample is not there")
+    if not path_of(STEP).is_file():
+        raise SystemExit(f"{path_of(STEP)}: the shared vLLM trace is not there")
     args.out.mkdir(parents=True, exist_ok=True)
-    # Built in another process: a child started later inherits this one's resident memory in its peak RSS.
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        large, large_events = pool.submit(repeated, SAMPLE, args.copies,
-                                          args.out / f"resnet_x{args.copies}.json").result()
-        half, half_events = pool.submit(repeated, SAMPLE, args.copies // 2,
-                                        args.out / f"resnet_x{args.copies // 2}.json").result()
-        pool.submit(_tiny_trace, args.out / "floor-tiny.json").result()
-    hta_dir = args.out / "hta"
-    hta_dir.mkdir(exist_ok=True)
-    (hta_dir / SAMPLE.name).write_bytes(SAMPLE.read_bytes())
-    ingest = [sys.executable, "-m", "itertrace.cli", "ingest", "--db"]
-    call = [sys.executable, "-c", INGEST_CALL]
-    commands = {
-        "itertrace ingest (sample)": [*ingest, str(args.out / "s.duckdb"), str(SAMPLE)],
-        "ingest() call (sample)": [*call, str(args.out / "c.duckdb"), str(SAMPLE)],
-        "json.load (sample)": [sys.executable, "-c", JSON_LOAD, str(SAMPLE)],
-        f"itertrace ingest (x{args.copies // 2})": [*ingest, str(args.out / "h.duckdb"), str(half)],
-        f"itertrace ingest (x{args.copies})": [*ingest, str(args.out / "l.duckdb"), str(large)],
-        f"json.load (x{args.copies})": [sys.executable, "-c", JSON_LOAD, str(large)],
-    }
-    if args.hta_python:
-        commands["HTA 0.5.0 TraceAnalysis (sample)"] = [args.hta_python, "-c", HTA_LOAD, str(hta_dir)]
-    results: dict[str, list[tuple[float, float, float, float | None]]] = {name: [] for name in commands}
+    trace, bare = traces(args.steps, args.out)
+    found = commands(trace, bare, args.out, args.hta_python)
+    # the databases the queries read, made once before the rounds
+    for name in ("ingest, frames", "ingest, no frames"):
+        measure_all(found[name])
+    results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in found}
     for _ in range(args.rounds):
-        for name, command in commands.items():
-            wall, cpu, rss, stderr = measure(command)
-            results[name].append((wall, cpu, rss, _reported(stderr, r"load ([\d.]+) s")))
+        for name, argvs in found.items():
+            results[name].append(measure_all(argvs))
     with open("/proc/loadavg") as load:
         loadavg = " ".join(load.read().split()[:3])
-    events = {"sample": 68_692, f"x{args.copies // 2}": half_events, f"x{args.copies}": large_events}
-    print(f"sample {SAMPLE.name}; large trace {large.stat().st_size / 1e6:.0f} MB ({large_events:,} events), "
-          f"half {half.stat().st_size / 1e6:.0f} MB; {args.rounds} rounds; load average {loadavg}")
-    print(f"{'command':34} {'wall s':>7} {'CPU s':>6} {'in-call s':>9} {'peak RSS MB':>11} {'events/s':>11}  (medians)")
-    medians = {}
-    for name, runs in results.items():
-        wall, cpu = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
-        inner = [r[3] for r in runs if r[3] is not None]
-        inside = statistics.median(inner) if inner else None
-        rss = max(r[2] for r in runs)
-        rate = events[name.rsplit("(", 1)[1].rstrip(")")] / (inside or wall)
-        medians[name] = (wall, cpu, inside)
-        shown = f"{inside:9.2f}" if inside is not None else f"{'':9}"
-        print(f"{name:34} {wall:7.2f} {cpu:6.2f} {shown} {rss:11.0f} {rate:11,.0f}")
-    big, small = medians[f"itertrace ingest (x{args.copies})"], medians[f"itertrace ingest (x{args.copies // 2})"]
-    print(f"ingest x{args.copies} / x{args.copies // 2}: {big[0] / small[0]:.2f} (wall); "
-          f"json.load / ingest at x{args.copies}: {medians[f'json.load (x{args.copies})'][0] / big[0]:.2f}")
+    medians = {name: (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs),
+                      max(r[2] for r in runs)) for name, runs in results.items()}
+    print(f"{trace.name}: {args.steps} steps, {_events(trace):,} events, {trace.stat().st_size / 1e6:.1f} MB gzipped "
+          f"({_size(trace) / 1e6:.1f} MB of JSON); without frames {_size(bare) / 1e6:.1f} MB; "
+          f"{args.rounds} rounds; load average {loadavg}")
+    print(f"{'command':34} {'wall s':>7} {'CPU s':>6} {'peak RSS MB':>11}  (medians)")
+    for name, (wall, cpu, rss) in medians.items():
+        print(f"{name:34} {wall:7.2f} {cpu:6.2f} {rss:11.0f}")
+    ratios = {"ingest: frames / no frames": _ratio(medians["ingest, frames"], medians["ingest, no frames"])}
+    for query in ("gpu_time_summary", "iterations", "mapping suggest"):
+        ratios[f"{query}: frames / no frames"] = _ratio(medians[f"{query}, frames"], medians[f"{query}, no frames"])
     if args.hta_python:
-        hta, whole, call = (medians[k] for k in ("HTA 0.5.0 TraceAnalysis (sample)", "itertrace ingest (sample)",
-                                                  "ingest() call (sample)"))
-        print(f"HTA / itertrace on the sample: {hta[2] / call[2]:.1f}x in-call (TraceAnalysis() vs ingest()), "
-              f"{hta[0] / whole[0]:.1f}x whole process (wall), {hta[1] / whole[1]:.1f}x whole process (CPU)")
-    floor = _floor(args.out, args.rounds)
-    (args.out / "bench_kineto.json").write_text(json.dumps({"load_average": loadavg, "results": results,
-                                                            "floor": floor}, indent=2))
+        ratios["first answer: HTA / itertrace"] = _ratio(medians["HTA load + temporal breakdown"],
+                                                         medians["ingest + gpu_time_summary"])
+    for name, (wall, cpu) in ratios.items():
+        print(f"{name:42} {wall:5.2f}x wall {cpu:5.2f}x CPU")
+    report = {"load_average": loadavg, "steps": args.steps, "results": results, "ratios": ratios}
+    if args.floor:
+        report["floor"] = _floor(args.out, args.rounds)
+    (args.out / "bench_kineto.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def _ratio(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, float]:
+    return a[0] / b[0], a[1] / b[1]
+
+
+def _size(trace: Path) -> int:
+    with gzip.open(trace, "rb") as source:
+        return sum(len(chunk) for chunk in iter(lambda: source.read(1 << 22), b""))
+
+
+def _events(trace: Path) -> int:
+    with gzip.open(trace, "rb") as source:
+        return len(re.findall(rb'"ph": ', source.read()))
 
 
 def _floor(out: Path, rounds: int) -> dict[str, float]:
     """The fixed costs (median seconds of `rounds` runs), printed: interpreter start, imports, the gzip and
     JSON decode of the sample, an empty DuckDB file's create/checkpoint/reopen, a near-empty ingest."""
+    if not SAMPLE.is_file():
+        raise SystemExit(f"{SAMPLE}: the Kineto sample is not there")
+    document = json.loads(gzip.decompress(SAMPLE.read_bytes()))
+    document["traceEvents"] = document["traceEvents"][:12]
+    (out / "floor-tiny.json").write_text(json.dumps(document))
     runs: dict[str, list[float]] = {}
     for _ in range(rounds):
         for label, code in FLOOR_STEPS.items():
@@ -245,13 +221,6 @@ def _floor(out: Path, rounds: int) -> dict[str, float]:
     for label, seconds in floor.items():
         print(f"  {label:62} {seconds:6.3f}")
     return floor
-
-
-def _tiny_trace(path: Path) -> None:
-    """The sample's top-level keys with its first 12 events: an ingest that does all its steps on almost no data."""
-    document = json.loads(gzip.decompress(SAMPLE.read_bytes()))
-    document["traceEvents"] = document["traceEvents"][:12]
-    path.write_text(json.dumps(document))
 
 
 if __name__ == "__main__":

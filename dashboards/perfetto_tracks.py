@@ -65,7 +65,8 @@ def host_tracks(missing: dict[str, str]) -> list[str]:
            UNION ALL SELECT _pf_meta('thread_name', pid, tid, coalesce(name, 'thread ' || tid)) FROM threads""",
         f"""WITH steps AS ({step_info}),
              capture_end AS (SELECT max(coalesce(end_ns, start_ns)) AS ts FROM nvtx_ranges)
-           SELECT _pf_span('user_annotation', r.text, r.pid, r.tid, r.start_ns,
+           SELECT _pf_span(CASE WHEN r.range_kind = 'python_frame' THEN 'python_function' ELSE 'user_annotation' END,
+                           r.text, r.pid, r.tid, r.start_ns,
                            coalesce(r.end_ns, (SELECT ts FROM capture_end)) - r.start_ns,
                            json_merge_patch({_payload('r.domain_name', 'r.int64_value')}, coalesce(s.info, '{{}}')))
            FROM nvtx_ranges AS r LEFT JOIN steps AS s USING (range_id)

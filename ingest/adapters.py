@@ -52,6 +52,7 @@ RAW_VIEWS = (
     RawView("_raw_export_meta", ("META_DATA_EXPORT", "EXPORT_META_DATA"), (("name", "VARCHAR"), ("value", "VARCHAR"))),
     RawView("_raw_session_start", ("TARGET_INFO_SESSION_START_TIME",), (
         ("utcEpochNs", "BIGINT"), ("utcTime", "VARCHAR"), ("localTime", "VARCHAR"))),
+    RawView("_raw_analysis", ("ANALYSIS_DETAILS",), (("duration", "BIGINT"), ("startTime", "BIGINT"), ("stopTime", "BIGINT"))),
     RawView("_raw_enum_event_class", ("ENUM_NSYS_EVENT_CLASS",), _ENUM),
     RawView("_raw_enum_memcpy_oper", ("ENUM_CUDA_MEMCPY_OPER",), _ENUM),
     RawView("_raw_enum_launch_type", ("ENUM_CUDA_KERNEL_LAUNCH_TYPE", "ENUM_CUDA_KRENEL_LAUNCH_TYPE"), _ENUM),

@@ -21,7 +21,7 @@ from itertrace.interrupts import deferred, interruptible, quiet_progress
 from itertrace.ingest.arrow_io import first_line
 from itertrace.ingest.kineto import KinetoLoader
 from itertrace.ingest.checks import empty_tables, unnamed_threads_note
-from itertrace.ingest.loader import LoadContext, Loader
+from itertrace.ingest.loader import EventCount, LoadContext, Loader
 from itertrace.ingest.normalize import normalized_tables
 from itertrace.ingest.nsys_loader import RAW_SCHEMA, NsysLoader
 from itertrace.ingest.progress import Progress
@@ -70,6 +70,7 @@ class IngestResult:
     seconds: float
     notes: tuple[str, ...] = ()  # what looks wrong but may be meant (a run and a capture that look like two runs)
     empty: tuple[str, ...] = ()  # normalized tables that came out with no rows (their sources were absent or empty)
+    event_counts: tuple[EventCount, ...] = ()  # the trace events read, by category, and what became of them
 
     @property
     def rows_per_s(self) -> float:
@@ -113,8 +114,8 @@ def ingest(
             con = _connect(building, options)
             try:
                 with interruptible(con):  # Ctrl-C and SIGTERM reach DuckDB inside a long statement too
-                    rows, notes, empty, tables = _load(con, plan, groups,
-                                                       LoadContext(con, workdir, options.batch_rows, progress))
+                    ctx = LoadContext(con, workdir, options.batch_rows, progress)
+                    rows, notes, empty, tables = _load(con, plan, groups, ctx)
             finally:
                 with deferred():  # see itertrace.interrupts: clean-up is not broken into
                     con.close()
@@ -141,7 +142,7 @@ def ingest(
     finally:
         progress.close()
     kinds = tuple(loader.kind for _, loader in plan)
-    return IngestResult(target, tuple(paths), kinds, rows, clock() - started, notes, empty)
+    return IngestResult(target, tuple(paths), kinds, rows, clock() - started, notes, empty, tuple(ctx.event_counts))
 
 
 def _load(con: duckdb.DuckDBPyConnection, plan: list[tuple[Path, Loader]], groups: list[tuple[Loader, list[Path]]],

@@ -197,9 +197,8 @@ def unnamed_threads_note(con: duckdb.DuckDBPyConnection, schema: str) -> str | N
         "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = current_database() "
         "UNION ALL SELECT schema_name, view_name FROM duckdb_views() WHERE database_name = current_database()"
     ).fetchall()}
-    nsys = any(s == schema for s, _ in tables)  # not a PyTorch profiler trace, which names its threads otherwise
-    if ("main", "threads") not in tables or (schema, "threadnames") in tables or not nsys:
-        return None
+    if ("main", "threads") not in tables or (schema, "threadnames") in tables or all(s != schema for s, _ in tables):
+        return None  # no threads, or their names, or no nsys capture (a PyTorch profiler trace names threads itself)
     threads, named = con.execute("SELECT count(*), count(name) FROM threads").fetchall()[0]
     if not threads or named:
         return None

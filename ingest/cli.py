@@ -73,6 +73,7 @@ def run_profile(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     """Run the ingest and print the closing line: rows, sources, time, rows/s."""
     from itertrace.ingest.api import IngestOptions, default_loaders, ingest
+    from itertrace.ingest.loader import events_line
     from itertrace.ingest.progress import Progress
 
     options = IngestOptions(batch_rows=args.batch_rows, memory_limit=args.memory_limit)
@@ -83,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
         empty = f"; empty: {', '.join(result.empty)}" if result.empty else ""
         print(f"itertrace: ingested {result.rows:,} rows from {sources} into {result.db} in {result.seconds:.1f} s "
               f"({result.rows_per_s:,.0f} rows/s){empty}", file=sys.stderr)
+        if result.event_counts:
+            print(f"itertrace: {events_line(result.event_counts)}", file=sys.stderr)
     for note in result.notes:
         print(f"itertrace: note: {note}", file=sys.stderr)
     return 0

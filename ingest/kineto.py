@@ -19,7 +19,8 @@ from itertrace.errors import UserError
 from itertrace.ingest.arrow_io import first_line
 from itertrace.ingest.kineto_checks import check_base_time, check_time_range, leave_out
 from itertrace.ingest.kineto_json import looks_like_trace, split_trace
-from itertrace.ingest.loader import LoadContext
+from itertrace.ingest.kineto_nesting import create_kineto_nesting
+from itertrace.ingest.loader import EventCount, LoadContext
 from itertrace.ingest.normalize import SQL_FILES, normalized_tables, prefer_sort_based_joins, sql_text
 from itertrace.ingest.sqldoc import comment_statements, literal, statements
 
@@ -34,7 +35,8 @@ TABLE_NOTES = {
                "in bits 48 and up, so ranks never share one.",
     "processes": "Processes of the PyTorch profiler traces: one per (file, pid).",
     "nvtx_ranges": "Annotation ranges of the PyTorch profiler traces (cat user_annotation: torch.profiler."
-                   "record_function ranges), nested per thread; int64_value is the range's one integer argument.",
+                   "record_function ranges) and their Python stack frames (cat python_function, range_kind "
+                   "'python_frame'), nested together per thread; int64_value is a range's one integer argument.",
     "nvtx_marks": "Instant events on CPU threads of the PyTorch profiler traces (ph i).",
     "cuda_api": "Runtime and driver calls of the PyTorch profiler traces (cat cuda_runtime, cuda_driver).",
     "gpu_ops": "Kernels, copies and sets of the PyTorch profiler traces (cat kernel, gpu_memcpy, gpu_memset), "
@@ -92,7 +94,7 @@ class KinetoLoader:
 
         The statements go to DuckDB a script at a time (the CREATEs, the INSERTs, the COMMENTs), read
         from the SQL files once per process. Most of the time of a small trace goes to DuckDB itself
-        (benchmarks/bench_kineto.py, Floor): planning each INSERT, about 170 COMMENTs, the checkpoint.
+        (benchmarks/bench_kineto.py --floor): planning each INSERT, about 170 COMMENTs, the checkpoint.
         """
         con = ctx.con
         sql = _sql()
@@ -105,12 +107,18 @@ class KinetoLoader:
         ctx.notes.extend(leave_out(con, paths))
         _align_clocks(con, sources, paths)
         _correlate_by_flows(con)
-        con.execute(sql.inserts)
+        con.execute(sql.before_nesting)
+        create_kineto_nesting(con, "SELECT * FROM _kineto_nesting_input", "_kineto_nesting")
+        con.execute(sql.after_nesting)
+        ctx.event_counts += [EventCount(*row) for row in con.execute(
+            "SELECT category, events, kept_in, skipped_why FROM _kineto_event_fates").fetchall()]
         _check_ids(con, paths)
         _write_capture_meta(con, sources)
         con.execute(sql.comments)
         ctx.rows_written += con.execute(sql.count_rows).fetchall()[0][0]
-        con.execute("DROP TABLE _kineto_annotations; DROP TABLE _kineto_threads; DROP TABLE _kineto_events; "
+        con.execute("DROP TABLE _kineto_annotations; DROP TABLE _kineto_nesting; DROP VIEW _kineto_nesting_input; "
+                    "DROP TABLE _kineto_event_fates; DROP TABLE _kineto_left_out; DROP TABLE _kineto_threads; "
+                    "DROP TABLE _kineto_events; "
                     "DROP TABLE _kineto_files")
 
 
@@ -155,7 +163,8 @@ class _Sql:
     stage_create: str  # the staging table of events, and the macros its insert uses
     stage_insert: str  # one file's events into the staging table (parameters: events file, source number)
     creates: str  # every table the ingest fills, normalized and Kineto's own
-    inserts: str  # kineto.sql's statements other than its CREATE TABLEs
+    before_nesting: str  # kineto.sql's statements other than its CREATE TABLEs, up to the nesting (kineto_nesting.py)
+    after_nesting: str  # and those after it
     comments: str  # COMMENT ON for every table and column, and TABLE_NOTES
     count_rows: str  # one query: the rows of every table filled
 
@@ -169,11 +178,14 @@ def _sql() -> _Sql:
     own_tables = tuple(_code(s).split()[2] for s in own_creates)
     comments = [s for name in (*SQL_FILES, "kineto.sql") for s in comment_statements(sql_text(name))]
     comments += [f"COMMENT ON TABLE {table} IS {literal(note)}" for table, note in TABLE_NOTES.items()]
+    inserts = [s for s in own if s not in own_creates]
+    split = next(i for i, s in enumerate(inserts) if "_kineto_nesting " in _code(s))
     counts = " + ".join(f"(SELECT count(*) FROM {table})" for table in (*normalized_tables(), *own_tables))
     return _Sql(next_source="CREATE TEMP TABLE IF NOT EXISTS _kineto_files (source_no INTEGER, source VARCHAR, "
                             "meta JSON); SELECT count(*) + 1 FROM _kineto_files",
                 stage_create=_script(stage[:-1]), stage_insert=stage[-1], creates=_script(shared_creates + own_creates),
-                inserts=_script([s for s in own if s not in own_creates]), comments=_script(comments),
+                before_nesting=_script(inserts[:split]), after_nesting=_script(inserts[split:]),
+                comments=_script(comments),
                 count_rows=f"SELECT {counts}")
 
 

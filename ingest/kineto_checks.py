@@ -55,8 +55,14 @@ def leave_out(con: duckdb.DuckDBPyConnection, paths: list[Path]) -> list[str]:
                CASE WHEN ph IN ('i', 'I') THEN 'instant' ELSE coalesce(cat, ph) END, count(*), min(rowid),
                arg_min(left_out, rowid)
         FROM _kineto_events WHERE left_out IS NOT NULL GROUP BY ALL""").fetchall()
+    # the events' categories and why they were left out, for the closing line's counts (kineto.sql)
+    con.execute("CREATE OR REPLACE TEMP TABLE _kineto_left_out (category VARCHAR, skipped_why VARCHAR, events BIGINT)")
     if not found:
         return []
+    con.execute("INSERT INTO _kineto_left_out SELECT coalesce(cat, ph), CASE WHEN left_out = 'time' THEN ? "
+                "WHEN left_out = 'negative' THEN ? ELSE ? END, count(*) FROM _kineto_events "
+                "WHERE left_out IS NOT NULL GROUP BY ALL",
+                [f"events {_WHY['time']}", f"events {_WHY['negative']}", f"events {_WHY['id']}"])
     con.execute("DELETE FROM _kineto_events WHERE left_out IS NOT NULL")
     groups: dict[tuple[int, str], list[tuple[str, int, int, str]]] = {}
     for source_no, why, label, n, first_row, first in found:

@@ -38,6 +38,33 @@ class Loader(Protocol):
     def finish(self, paths: list[Path], ctx: LoadContext) -> None: ...
 
 
+@dataclass(frozen=True)
+class EventCount:
+    """Events of one category (a trace's `cat`) and what became of them: the table or use they went to, or,
+    for events skipped, why."""
+
+    category: str
+    events: int
+    kept_in: str | None  # None: skipped
+    skipped_why: str | None = None
+
+    @property
+    def text(self) -> str:
+        return f"{self.category} {self.events:,} ({self.kept_in or self.skipped_why})"
+
+
+def events_line(counts: list[EventCount] | tuple[EventCount, ...]) -> str:
+    """One line on what was kept and what skipped, by category, most events first: the ingest's closing line."""
+    def order(c: EventCount) -> tuple:
+        return -c.events, c.category.lower(), c.kept_in or c.skipped_why or ""
+
+    kept = sorted((c for c in counts if c.kept_in), key=order)
+    skipped = sorted((c for c in counts if not c.kept_in), key=order)
+    total, held = sum(c.events for c in counts), sum(c.events for c in kept)
+    line = f"kept {held:,} of {total:,} trace events: " + (", ".join(c.text for c in kept) or "none")
+    return line + "; skipped " + (f"{total - held:,}: " + ", ".join(c.text for c in skipped) if skipped else "none")
+
+
 @dataclass
 class LoadContext:
     """The open database and ingest settings, shared by every loader of one ingest call."""
@@ -48,6 +75,7 @@ class LoadContext:
     progress: Progress
     rows_written: int = 0
     notes: list[str] = field(default_factory=list)  # what a loader left out and why, for the closing summary
+    event_counts: list[EventCount] = field(default_factory=list)  # trace events by category, where a loader counts them
     _readers: int = field(default=0, repr=False)
 
     def write_table(self, schema: str, table: TableStream, name: str | None = None) -> None:

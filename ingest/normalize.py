@@ -20,6 +20,7 @@ SQL_FILES = (
     "capture_meta.sql",
     "threads.sql",
     "processes.sql",
+    "capture_spans.sql",
     "nvtx_names.sql",
     "nvtx_marks.sql",
     "cuda_api.sql",

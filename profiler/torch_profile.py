@@ -11,6 +11,10 @@ the queries' `itertrace` preset reads them. Kineto has no payloads and no domain
 - the trace's top-level key `itertrace` names the domain of its ranges, and the names of the ranges
   that stand for NVTX marks (zero-length ranges: Kineto records no instant events from Python), which
   the ingest files under `nvtx_marks`.
+
+Python stack frames are recorded too (`with_stack=True`, as vLLM's and SGLang's profilers do by default),
+so the trace has the shape of theirs: the ingest nests the ranges with the frames (`Engine.iteration`'s
+frame holds each `step` range).
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pyarrow as pa
 import torch
 
 from itertrace.errors import UserError
@@ -105,8 +110,9 @@ def profiled(folder: Path, device: str | None) -> Iterator[type[ProfiledTracer]]
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")).type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
+    pa.array([0])  # pyarrow imports pandas on its first array, where installed: not while frames are recorded
     try:
-        with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+        with torch.profiler.profile(activities=activities, record_shapes=True, with_stack=True) as prof:
             prof.add_metadata_json("itertrace", json.dumps({"domain": DOMAIN, "marks": list(MARKS)}))
             yield ProfiledTracer  # made by the run, over its clock
         prof.export_chrome_trace(str(partial))

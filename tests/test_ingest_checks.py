@@ -169,8 +169,8 @@ def test_tables_nsys_omits_when_empty_are_fine_and_the_closing_line_names_what_c
     db = tmp_path / "trace.duckdb"
     assert main(["ingest", str(source), "--db", str(db)]) == 0
     closing, note = capsys.readouterr().err.strip().splitlines()[-2:]
-    assert closing.endswith("; empty: nvtx_domains, nvtx_categories, nvtx_marks, gpu_ops, nvtx_ranges, "
-                            "nvtx_gpu_projection"), closing
+    assert closing.endswith("; empty: capture_spans, nvtx_domains, nvtx_categories, nvtx_marks, gpu_ops, "
+                            "nvtx_ranges, nvtx_gpu_projection"), closing
     assert note == "itertrace: note: the export holds no ThreadNames table: its 1 thread has no name"
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("SELECT count(*), count(name) FROM threads").fetchone() == (1, 0)

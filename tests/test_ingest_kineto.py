@@ -69,7 +69,7 @@ def test_counts_match_the_json(sample):
         by_kind[GPU[cat(e)]] += 1
     assert dict(rows(con, "SELECT kind, count(*) FROM gpu_ops GROUP BY kind")) == dict(by_kind)
     assert rows(con, "SELECT count(*) FROM cuda_api") == [(len(complete(events, API)),)]
-    assert rows(con, "SELECT count(*) FROM nvtx_ranges") == [(len(complete(events, {"user_annotation"})),)]
+    assert rows(con, "SELECT count(*) FROM nvtx_ranges") == [(len(complete(events, {"user_annotation", "python_function"})),)]
     assert rows(con, "SELECT count(*) FROM kineto_cpu_ops") == [(len(complete(events, {"cpu_op"})),)]
     assert rows(con, "SELECT count(*) FROM kineto_gpu_annotations") == [(len(complete(events, {"gpu_user_annotation"})),)]
     assert rows(con, "SELECT events FROM kineto_sources") == [(sum(1 for e in events if "ph" in e),)]

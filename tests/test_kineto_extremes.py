@@ -152,3 +152,16 @@ def test_the_sample_traces_get_no_note(tmp_path, capsys):
         pytest.skip(f"Kineto samples not at {samples}")
     for name in ("alexnet_sync", "cpu_only_rank34", "tiny_inference_rank1"):
         assert notes(capsys, samples / f"{name}.json.gz", db=tmp_path / f"{name}.duckdb") == []
+
+
+def test_the_closing_counts_hold_the_events_left_out(tmp_path):
+    """The closing line's counts by category hold every event of the file: those left out with a note too."""
+    from itertrace.ingest import ingest
+
+    no_ts = {k: v for k, v in KERNEL.items() if k != "ts"}
+    src = trace(tmp_path / "t.json", [EVENT, KERNEL, no_ts, {**KERNEL, "dur": -2, "ts": 30}])
+    result = ingest([src], tmp_path / "t.duckdb")
+    kernels = sorted((c.events, c.kept_in or "", c.skipped_why or "") for c in result.event_counts
+                     if c.category == "kernel")
+    assert kernels == [(1, "", "events with a negative dur"), (1, "", "events without ts or dur"), (1, "gpu_ops", "")]
+    assert sum(c.events for c in result.event_counts) == 4

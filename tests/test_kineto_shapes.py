@@ -120,3 +120,36 @@ def test_gpu_work_belongs_to_the_launching_process(tmp_path):
         ("k", "kernel", 100, 0, 7, None, None),
         ("Memcpy HtoD (Pageable -> Device)", "memcpy", 200, 1, 9, 4096, "Host-to-Device"),
         ("orphan", "kernel", None, 0, 7, None, None)]  # two processes: none can be assumed
+
+
+def test_closing_line_counts_every_category_kept_and_skipped(tmp_path, capsys):
+    """Every event of the trace is counted once, under its category: where it went, or why it was skipped."""
+    from itertrace.cli import main
+
+    trace = write(tmp_path / "t.json", {"traceEvents": [
+        span("engine.py(1): step", 0, 50, cat="python_function"), span("model.py(2): run", 1, 9, cat="python_function"),
+        span("forward", 2, 5), span("aten::mm", 3, 1, cat="cpu_op"),
+        span("cudaLaunchKernel", 4, 1, cat="cuda_runtime", correlation=5),
+        span("gemm", 6, 2, cat="kernel", pid=0, tid=7, correlation=5, device=0, stream=7),
+        {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": 5, "pid": 10, "tid": 11, "ts": 4},
+        {"ph": "f", "cat": "ac2g", "name": "ac2g", "id": 5, "pid": 0, "tid": 7, "ts": 6, "bp": "e"},
+        span("forward", 6, 2, cat="gpu_user_annotation", pid=0, tid=7),
+        span("Stream Sync", 8, 1, cat="cuda_sync", pid=0, tid=7, stream=7),
+        {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": "PyTorch Profiler",
+         "ts": 0, "dur": 60},
+        {"ph": "M", "name": "thread_name", "pid": 10, "tid": 11, "args": {"name": "main"}},
+        {"ph": "M", "name": "process_sort_index", "pid": 10, "tid": 0, "args": {"sort_index": 1}},
+        {"ph": "i", "s": "t", "name": "mark", "pid": 10, "tid": 11, "ts": 9},
+        {"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": 10, "tid": 11, "ts": 9},
+        {"ph": "i", "s": "g", "name": "Record Window End", "pid": "", "tid": "", "ts": 60},
+        {"ph": "s", "cat": "fwdbwd", "name": "fwdbwd", "id": 1, "pid": 10, "tid": 11, "ts": 3},
+        span("something", 9, 1, cat="overhead"),
+    ]})
+    assert main(["ingest", str(trace), "--db", str(tmp_path / "t.duckdb")]) == 0
+    assert capsys.readouterr().err.splitlines()[1] == (
+        "itertrace: kept 13 of 18 trace events: ac2g 2 (flows, read for correlation ids), python_function 2 "
+        "(frames, in nvtx_ranges), cpu_instant_event 1 (nvtx_marks), cpu_op 1 (kineto_cpu_ops), cuda_runtime 1 "
+        "(cuda_api), gpu_user_annotation 1 (kineto_gpu_annotations), i 1 (nvtx_marks), kernel 1 (gpu_ops), "
+        "M 1 (names of threads and processes), trace 1 (the profiler's span, in capture_spans), user_annotation 1 "
+        "(nvtx_ranges); skipped 5: cuda_sync 1 (synchronization waits, not GPU work), fwdbwd 1 (flows between "
+        "ops), i 1 (on no thread: pid or tid not a number), M 1 (display settings), overhead 1 (not read)")

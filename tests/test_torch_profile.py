@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections import Counter
 
 import duckdb
 import pytest
@@ -44,6 +45,29 @@ def test_step_ranges_number_the_logged_iterations(traced):
         marks = con.execute("SELECT text, count(*), count(DISTINCT int64_value) FROM nvtx_marks "
                             "WHERE text IN ('arrive', 'admit', 'finish') GROUP BY 1 ORDER BY 1").fetchall()
         assert marks == [("admit", 6, 6), ("arrive", 6, 6), ("finish", 6, 6)]
+
+
+def test_frames_are_recorded_and_nest_with_the_engine_ranges(traced):
+    """As vLLM's profiler does, the run records Python frames: each step range holds one `Engine.iteration`
+    frame, which holds the phases the iteration runs; the step's `schedule` comes before it."""
+    _, trace, db = traced
+    document = json.loads(gzip.decompress(trace.read_bytes()))
+    frames = sum(1 for e in document["traceEvents"] if e.get("cat") == "python_function")
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM nvtx_ranges WHERE range_kind = 'python_frame' AND domain_id = -1 "
+                           "AND domain_name IS NULL").fetchall() == [(frames,)]
+        steps = con.execute("SELECT count(*) FROM nvtx_ranges WHERE text = 'step'").fetchall()[0][0]
+        iterations = con.execute("""
+            SELECT s.int64_value, f.range_id FROM nvtx_ranges AS s JOIN nvtx_ranges AS f ON f.parent_range_id = s.range_id
+            WHERE s.text = 'step' AND f.range_kind = 'python_frame'
+              AND regexp_matches(f.text, 'profiler/engine\\.py\\(\\d+\\): iteration$')""").fetchall()
+        assert len(iterations) == steps == len({i for i, _ in iterations}) > 3
+        inside = con.execute("""
+            SELECT p.text FROM nvtx_ranges AS p JOIN nvtx_ranges AS f ON f.range_id = p.parent_range_id
+            WHERE p.text IN ('schedule', 'prepare', 'forward', 'sample', 'detokenize', 'postprocess')
+              AND p.domain_name = 'itertrace' AND regexp_matches(f.text, 'engine\\.py\\(\\d+\\): iteration$')""").fetchall()
+        assert Counter(text for (text,) in inside) == {phase: steps for phase in
+                                                     ("prepare", "forward", "sample", "detokenize", "postprocess")}
 
 
 def test_host_gap_parts_add_up(traced):

@@ -81,6 +81,8 @@ CREATE TABLE kineto_cpu_ops (
   tid BIGINT,
   -- The profiler's External id: the runtime calls the op made carry the same one.
   external_id BIGINT,
+  -- The innermost range on its thread that encloses the op, a record_function range or a Python frame (nvtx_ranges.range_id); NULL when none does.
+  parent_range_id BIGINT,
   -- The event's args as the trace gives them (Input Dims, Input type, Sequence number, ...), as JSON.
   args JSON
 );
@@ -116,7 +118,8 @@ WITH
   seen AS (
     SELECT DISTINCT source_no, pid, tid FROM _kineto_events AS e
     WHERE pid IS NOT NULL AND tid IS NOT NULL
-      AND ((ph = 'X' AND cat IN ('user_annotation', 'cpu_op', 'operator', 'cuda_runtime', 'runtime', 'cuda_driver', 'driver'))
+      AND ((ph = 'X' AND cat IN ('user_annotation', 'python_function', 'cpu_op', 'operator', 'cuda_runtime', 'runtime',
+                                 'cuda_driver', 'driver'))
            OR (ph IN ('i', 'I') AND coalesce(cat, '') NOT LIKE 'itertrace%'))
       AND NOT EXISTS (SELECT 1 FROM gpu_pids AS g WHERE g.source_no = e.source_no AND g.pid = e.pid)
   ),
@@ -153,26 +156,33 @@ LEFT JOIN named AS n USING (source_no, pid)
 GROUP BY t.global_pid, t.pid
 ORDER BY t.global_pid;
 
--- Annotation ranges and marks on CPU threads, with their domain: the event's own (args.domain, as
--- `itertrace export perfetto` writes it), else its file's (kineto_sources.range_domain).
+-- Annotation ranges, Python stack frames (cat python_function, as with_stack=True records them) and
+-- marks on CPU threads, with their domain: an annotation's own (args.domain, as `itertrace export
+-- perfetto` writes it), else its file's (kineto_sources.range_domain); a frame has none.
 CREATE TEMP TABLE _kineto_annotations AS
-SELECT
-  e.rowid AS _row,
-  e.ph IN ('i', 'I') OR list_contains(s.mark_names, split_part(e.name, ' ', 1)) AS is_mark,
-  t.global_tid,
-  t.global_pid,
-  e.pid,
-  e.tid,
-  t.name AS thread_name,
-  e.ts_ns AS start_ns,
-  e.ts_ns + coalesce(e.dur_ns, 0) AS end_ns,
-  e.name AS text,
-  coalesce(e.domain, s.range_domain) AS domain_name,
-  e.int64_value
-FROM _kineto_events AS e
-JOIN _kineto_threads AS t USING (source_no, pid, tid)
-JOIN kineto_sources AS s USING (source_no)
-WHERE (e.ph = 'X' AND e.cat = 'user_annotation') OR (e.ph IN ('i', 'I') AND coalesce(e.cat, '') NOT LIKE 'itertrace%');
+WITH
+  events AS (
+    SELECT
+      e.rowid AS _row,
+      e.cat IS NOT DISTINCT FROM 'python_function' AS is_frame,
+      e.ph IN ('i', 'I') OR (e.cat = 'user_annotation' AND list_contains(s.mark_names, split_part(e.name, ' ', 1)))
+        AS is_mark,
+      t.global_tid,
+      t.global_pid,
+      e.ts_ns AS start_ns,
+      e.ts_ns + coalesce(e.dur_ns, 0) AS end_ns,
+      e.name AS text,
+      CASE WHEN e.cat IS DISTINCT FROM 'python_function' THEN coalesce(e.domain, s.range_domain) END AS domain_name,
+      e.int64_value
+    FROM _kineto_events AS e
+    JOIN _kineto_threads AS t USING (source_no, pid, tid)
+    JOIN kineto_sources AS s USING (source_no)
+    WHERE (e.ph = 'X' AND e.cat IN ('user_annotation', 'python_function'))
+       OR (e.ph IN ('i', 'I') AND coalesce(e.cat, '') NOT LIKE 'itertrace%')
+  )
+-- A range's id: its position by start_ns, then global_tid, then longest first (marks are numbered apart).
+SELECT *, row_number() OVER (PARTITION BY is_mark ORDER BY start_ns, global_tid, end_ns DESC, _row) AS range_id
+FROM events;
 
 -- Domain ids, numbered 1, 2, ... by name within each process; 0 stays the default domain.
 INSERT INTO nvtx_domains
@@ -180,46 +190,27 @@ SELECT global_pid, row_number() OVER (PARTITION BY global_pid ORDER BY domain_na
 FROM (SELECT DISTINCT global_pid, domain_name FROM _kineto_annotations WHERE domain_name IS NOT NULL)
 ORDER BY ALL;
 
+-- Here ingest/kineto_nesting.py makes _kineto_nesting (id, depth, parent_range_id): how the ranges
+-- (annotations and frames together) nest on their threads, and the range that encloses each CPU op
+-- (id -1 - the op's _kineto_events.rowid), from the rows of _kineto_nesting_input.
+CREATE TEMP VIEW _kineto_nesting_input AS
+SELECT CASE WHEN is_frame THEN 0 ELSE 1 END AS kind, range_id AS id, global_tid, start_ns, end_ns, range_id AS order_key
+FROM _kineto_annotations
+WHERE NOT is_mark AND start_ns IS NOT NULL
+UNION ALL
+SELECT 2, -e.rowid - 1, t.global_tid, e.ts_ns, e.ts_ns + coalesce(e.dur_ns, 0), e.rowid
+FROM _kineto_events AS e
+JOIN _kineto_threads AS t USING (source_no, pid, tid)
+WHERE e.ph = 'X' AND e.cat IN ('cpu_op', 'operator') AND e.ts_ns IS NOT NULL;
+
 INSERT INTO _nvtx_range_rows
-WITH
-  ranges AS (
-    SELECT *, row_number() OVER (ORDER BY start_ns, global_tid, end_ns DESC, _row) AS range_id
-    FROM _kineto_annotations
-    WHERE NOT is_mark
-  ),
-  edges AS (
-    -- +1 where a range opens, -1 where it closes, in the order a stack sees them: at one instant,
-    -- closes first (ranges that touch are siblings), then opens by range_id (the longer first), and a
-    -- range of no length closes after every open at its instant.
-    SELECT range_id, global_tid, start_ns AS ts, 1 AS phase, 1 AS delta FROM ranges
-    UNION ALL
-    SELECT range_id, global_tid, end_ns, CASE WHEN end_ns > start_ns THEN 0 ELSE 2 END, -1 FROM ranges
-  ),
-  levels AS (
-    -- Ranges open on the thread just before each edge: at an opening edge, the new range's depth.
-    SELECT range_id, delta,
-           sum(delta) OVER (PARTITION BY global_tid ORDER BY ts, phase, range_id ROWS UNBOUNDED PRECEDING) - delta
-             AS open_before
-    FROM edges
-  ),
-  depths AS (
-    SELECT r.range_id, r.global_tid, r.end_ns, l.open_before::INTEGER AS depth
-    FROM ranges AS r
-    JOIN levels AS l ON l.range_id = r.range_id AND l.delta = 1
-  ),
-  parents AS (
-    -- The parent: the range opened last before this one on its thread, one level up, kept where it
-    -- encloses this one (it does wherever the thread's ranges nest).
-    SELECT c.range_id, c.depth, CASE WHEN p.end_ns >= c.end_ns THEN p.range_id END AS parent_range_id
-    FROM depths AS c
-    ASOF LEFT JOIN depths AS p ON p.global_tid = c.global_tid AND p.depth = c.depth - 1 AND c.range_id > p.range_id
-  )
 SELECT
-  r.range_id, r.start_ns, r.end_ns, r.text, coalesce(d.domain_id, 0), NULL, NULL, r.global_tid, NULL,
-  r.int64_value, NULL, NULL, NULL, NULL, NULL, NULL, p.parent_range_id, p.depth, NULL
-FROM ranges AS r
-JOIN parents AS p USING (range_id)
+  r.range_id, r.start_ns, r.end_ns, r.text, CASE WHEN r.is_frame THEN -1 ELSE coalesce(d.domain_id, 0) END, NULL,
+  NULL, r.global_tid, NULL, r.int64_value, NULL, NULL, NULL, NULL, NULL, NULL, n.parent_range_id, n.depth, NULL
+FROM _kineto_annotations AS r
+LEFT JOIN _kineto_nesting AS n ON n.id = r.range_id
 LEFT JOIN nvtx_domains AS d ON d.global_pid = r.global_pid AND d.name = r.domain_name
+WHERE NOT r.is_mark
 ORDER BY r.range_id;
 
 INSERT INTO _nvtx_mark_rows
@@ -325,9 +316,10 @@ WITH
   )
 SELECT
   o.op_id, e.ts_ns, e.ts_ns + e.dur_ns, e.dur_ns, e.name, o.global_tid, o.global_pid, e.pid, e.tid,
-  coalesce(e.external_id, try_cast(e.args ->> '$."External id"' AS BIGINT)), e.args
+  coalesce(e.external_id, try_cast(e.args ->> '$."External id"' AS BIGINT)), n.parent_range_id, e.args
 FROM ops AS o
 JOIN _kineto_events AS e ON e.rowid = o._row
+LEFT JOIN _kineto_nesting AS n ON n.id = -o._row - 1
 ORDER BY o.op_id;
 
 INSERT INTO kineto_gpu_annotations
@@ -335,3 +327,68 @@ SELECT ts_ns, ts_ns + dur_ns, dur_ns, name, source_no, coalesce(device_id, pid),
 FROM _kineto_events
 WHERE ph = 'X' AND cat = 'gpu_user_annotation'
 ORDER BY ts_ns, source_no, rowid;
+
+-- The profiler's own spans (capture_spans.sql): its Trace event, for every process of the file; and
+-- the span of each process's ProfilerStep#N annotations.
+INSERT INTO capture_spans
+WITH
+  traced AS (
+    SELECT source_no, min(ts_ns) AS start_ns, max(ts_ns + coalesce(dur_ns, 0)) AS end_ns
+    FROM _kineto_events
+    WHERE ph = 'X' AND cat = 'trace'
+    GROUP BY source_no
+  ),
+  stepped AS (
+    SELECT global_pid, min(start_ns) AS start_ns, max(end_ns) AS end_ns
+    FROM _kineto_annotations
+    WHERE NOT is_mark AND NOT is_frame AND regexp_matches(text, '^ProfilerStep#\d+$')
+    GROUP BY global_pid
+  )
+SELECT p.global_pid, s.start_ns, s.end_ns, 'kineto trace span'
+FROM traced AS s
+JOIN (SELECT DISTINCT source_no, global_pid FROM _kineto_threads) AS p USING (source_no)
+UNION ALL
+SELECT global_pid, start_ns, end_ns, 'kineto profiler steps' FROM stepped
+ORDER BY 1, 4;
+
+-- What became of the events, by category (coalesce(cat, ph)): the table or use they went to, or why
+-- they were skipped; the ingest's closing line reports it.
+CREATE TEMP TABLE _kineto_event_fates AS
+WITH
+  fates AS (
+    SELECT
+      coalesce(e.cat, e.ph) AS category,
+      e.ph IN ('X', 'i', 'I') AND (e.pid IS NULL OR e.tid IS NULL) AND e.cat IN (
+        'python_function', 'user_annotation', 'cpu_op', 'operator', 'cuda_runtime', 'runtime', 'cuda_driver', 'driver')
+        OR e.ph IN ('i', 'I') AND (e.pid IS NULL OR e.tid IS NULL) AS off_thread,
+      CASE
+        WHEN off_thread THEN NULL
+        WHEN e.ph = 'X' AND e.cat = 'python_function' THEN 'frames, in nvtx_ranges'
+        WHEN e.ph = 'X' AND e.cat = 'user_annotation' THEN
+          CASE WHEN list_contains(s.mark_names, split_part(e.name, ' ', 1)) THEN 'nvtx_marks' ELSE 'nvtx_ranges' END
+        WHEN e.ph IN ('i', 'I') AND coalesce(e.cat, '') NOT LIKE 'itertrace%' THEN 'nvtx_marks'
+        WHEN e.ph = 'X' AND e.cat IN ('cpu_op', 'operator') THEN 'kineto_cpu_ops'
+        WHEN e.ph = 'X' AND e.cat IN ('cuda_runtime', 'runtime', 'cuda_driver', 'driver') THEN 'cuda_api'
+        WHEN e.ph = 'X' AND e.cat IN ('kernel', 'gpu_memcpy', 'memcpy', 'gpu_memset', 'memset') THEN 'gpu_ops'
+        WHEN e.ph = 'X' AND e.cat = 'gpu_user_annotation' THEN 'kineto_gpu_annotations'
+        WHEN e.ph = 'X' AND e.cat = 'trace' THEN 'the profiler''s span, in capture_spans'
+        WHEN e.ph IN ('s', 'f', 't') AND e.cat IN ('ac2g', 'async_cpu_to_gpu', 'async_gpu')
+          THEN 'flows, read for correlation ids'
+        WHEN e.ph = 'M' AND e.name IN ('thread_name', 'process_name') THEN 'names of threads and processes'
+      END AS kept_in,
+      CASE
+        WHEN off_thread THEN 'on no thread: pid or tid not a number'
+        WHEN e.ph = 'X' AND e.cat = 'cuda_sync' THEN 'synchronization waits, not GPU work'
+        WHEN e.ph = 'M' THEN 'display settings'
+        WHEN coalesce(e.cat, '') LIKE 'itertrace%' THEN 'tracks that itertrace export perfetto adds'
+        WHEN e.ph IN ('s', 'f', 't') THEN 'flows between ops'
+        ELSE 'not read'
+      END AS skipped_why
+    FROM _kineto_events AS e
+    JOIN kineto_sources AS s USING (source_no)
+  )
+SELECT category, kept_in, CASE WHEN kept_in IS NULL THEN skipped_why END AS skipped_why, count(*) AS events
+FROM fates
+GROUP BY ALL
+UNION ALL
+SELECT category, NULL, skipped_why, events FROM _kineto_left_out;  -- kineto_checks.leave_out: with a note each

@@ -43,7 +43,9 @@ CREATE TABLE _nvtx_range_rows (
 
 -- NVTX ranges: one row per push/pop range (eventType 59) or start/end range (60; 70 and 71 are
 -- their NVTXT-imported twins), with text, domain, category, thread and payload resolved, and the
--- range's place in the push/pop nesting of its thread.
+-- range's place in the push/pop nesting of its thread. From a PyTorch profiler trace: its
+-- record_function ranges as push/pop ranges, and its Python stack frames (with_stack=True), nested
+-- together with them on their thread.
 -- Nesting: a push/pop range's parent is the innermost push/pop range on the same thread that
 -- encloses it, and its depth is how many enclose it. Ranges that only touch (one ends at the
 -- instant the next starts) are siblings. Start/end ranges take no part: they may overlap one another
@@ -54,7 +56,7 @@ CREATE TABLE _nvtx_range_rows (
 CREATE VIEW nvtx_ranges (
   -- Id of the range in this database: its position when ranges are ordered by start_ns, then global_tid, then longest first; the same export always gives the same ids.
   range_id,
-  -- 'push_pop' (nvtxRangePush/Pop: nests on its thread) or 'start_end' (nvtxRangeStart/End: may overlap others and end on another thread).
+  -- 'push_pop' (nvtxRangePush/Pop, or a PyTorch profiler record_function range: nests on its thread), 'start_end' (nvtxRangeStart/End: may overlap others and end on another thread), or 'python_frame' (a Python stack frame of a PyTorch profiler trace, text 'path(line): function': nests on its thread with the push/pop ranges).
   range_kind,
   -- Start, in ns since the capture session started (capture_meta.session_start_utc_ns).
   start_ns,
@@ -64,9 +66,9 @@ CREATE VIEW nvtx_ranges (
   dur_ns,
   -- The range's message: the text given inline, else the registered string it names (StringIds via textId).
   text,
-  -- NVTX domain id within the process; 0 is the default domain.
+  -- NVTX domain id within the process; 0 is the default domain; -1 for Python frames, which have none.
   domain_id,
-  -- Domain name (nvtx_domains); NULL for the default domain or where the domain's creation was not captured.
+  -- Domain name (nvtx_domains); NULL for the default domain, for Python frames, or where the domain's creation was not captured.
   domain_name,
   -- NVTX category id; NULL when the range has none.
   category_id,
@@ -100,14 +102,14 @@ CREATE VIEW nvtx_ranges (
   float_value,
   -- JSON payload text, where the range carried one.
   json_text,
-  -- The innermost push/pop range on the same thread that encloses this one; NULL at top level and for start/end ranges.
+  -- The innermost push/pop range or Python frame on the same thread that encloses this one; NULL at top level and for start/end ranges.
   parent_range_id,
-  -- Number of push/pop ranges on the same thread that enclose this one, 0 at top level; NULL for start/end ranges.
+  -- Number of push/pop ranges and Python frames on the same thread that enclose this one, 0 at top level; NULL for start/end ranges.
   depth
 ) AS
 SELECT
   r.range_id,
-  CASE WHEN r.depth IS NULL THEN 'start_end' ELSE 'push_pop' END,
+  CASE WHEN r.domain_id = -1 THEN 'python_frame' WHEN r.depth IS NULL THEN 'start_end' ELSE 'push_pop' END,
   r.start_ns,
   r.end_ns,
   r.end_ns - r.start_ns,
