@@ -18,7 +18,7 @@ from itertrace.errors import UserError
 from itertrace.interrupts import quiet_progress
 from itertrace.ingest.normalize import prefer_sort_based_joins
 from itertrace.ingest.sqldoc import comment_statements
-from itertrace.queries.catalog import SOURCE_TABLES, Query, all_params, modules, queries, requires
+from itertrace.queries.catalog import OPTIONAL_TABLES, SOURCE_TABLES, Query, all_params, modules, queries, requires
 from itertrace.queries.suggest import MappingChoice, choose_mapping
 
 _ERROR_KIND = re.compile(r"^[\w ]+ Error: ")  # DuckDB's "Binder Error: " before its message
@@ -211,6 +211,11 @@ def install(con: duckdb.DuckDBPyConnection, *, persist: bool = False) -> dict[st
     missing = {t: SOURCE_TABLES[t] for t in SOURCE_TABLES if t not in present}
     if persist and len(missing) == len(SOURCE_TABLES):  # not an itertrace database: write nothing into it
         raise UserError(f"{NOT_INGESTED}; nothing to install")
+    if "nvtx_ranges" in present:  # a capture ingested before these tables existed
+        for table, columns in OPTIONAL_TABLES.items():
+            if table in missing:
+                con.execute(f"CREATE {'' if persist else 'TEMP '}TABLE {table} ({columns})")
+                del missing[table]
     replace = "CREATE OR REPLACE " if persist else "CREATE OR REPLACE TEMP "
     installed: set[str] = set()
     for mod in modules():

@@ -24,9 +24,12 @@ NSYS = "an Nsight Systems capture (itertrace ingest REPORT.nsys-rep --db FILE)"
 RUN = "an engine run directory (itertrace ingest RUN_DIR --db FILE)"
 SOURCE_TABLES: dict[str, str] = {
     "nvtx_ranges": NSYS, "nvtx_marks": NSYS, "nvtx_gpu_projection": NSYS, "cuda_api": NSYS, "gpu_ops": NSYS,
-    "threads": NSYS, "processes": NSYS, "capture_meta": NSYS,
+    "threads": NSYS, "processes": NSYS, "capture_meta": NSYS, "capture_spans": NSYS,
     "run_iterations": RUN, "run_events": RUN, "run_requests": RUN, "run_meta": RUN,
 }
+# Tables that a database of an older ingest lacks, with their columns: an empty one stands in for each, so
+# that the views that read it work there as on a capture that recorded none.
+OPTIONAL_TABLES: dict[str, str] = {"capture_spans": "global_pid BIGINT, start_ns BIGINT, end_ns BIGINT, source VARCHAR"}
 
 _PARAM = re.compile(r"^--\s*@param\s+(\w+)\s+(VARCHAR|BIGINT|DOUBLE)\s+(?:\((?:>=(-?\d+)|([\w|-]+))\)\s+)?(.*)$")
 _DEFINES = re.compile(r"^CREATE (MACRO|VIEW) (\w+)", re.IGNORECASE | re.MULTILINE)

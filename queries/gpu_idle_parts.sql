@@ -141,7 +141,9 @@ CREATE VIEW gpu_time_summary (
   -- Its share of the GPU's idle time (0 to 1).
   top_cause_share,
   -- The three largest causes, each as 'cause (kind): share of idle time'.
-  top_causes
+  top_causes,
+  -- The window the shares divide by (gpu_time.window_source): the profiler's span, or the GPU work's.
+  window_source
 ) AS
 WITH
   ranked AS (
@@ -160,7 +162,7 @@ WITH
   )
 SELECT t.device_id, t.global_pid, t.window_ns, t.busy_share,
        t.idle_within_ns / nullif(t.window_ns, 0), t.idle_between_ns / nullif(t.window_ns, 0),
-       t.idle_outside_ns / nullif(t.window_ns, 0), c.cause_kind, c.cause, c.share, c.top_causes
+       t.idle_outside_ns / nullif(t.window_ns, 0), c.cause_kind, c.cause, c.share, c.top_causes, t.window_source
 FROM gpu_time AS t
 LEFT JOIN tops AS c USING (device_id, global_pid)
 ORDER BY t.device_id, t.global_pid;

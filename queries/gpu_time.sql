@@ -1,11 +1,16 @@
 -- GPU time: per GPU and process, the capture window split exactly into busy and idle, and the idle time by kind.
 --
--- Notes. The capture window runs from the first to the last instant the capture recorded (an NVTX
--- range or mark, a CUDA API call, a GPU operation), the same for every GPU. A GPU (device id) and
--- process using it is busy where any of the process's kernels, memcpys or memsets runs on that
--- device, on any stream: the union of their intervals, so overlapping work counts once. The rest of
--- the window is idle, and is split by the process's iterations (their device intervals, from
--- iterations.sql and the mapping): idle `within` an iteration lies inside an iteration's device
+-- Notes. Each GPU (device id, and process using it) has a window of its own: the span the profiler
+-- recorded for that process, where the capture says (capture_spans: the PyTorch profiler's trace span,
+-- else its ProfilerStep annotations), widened to hold all of its GPU work; else its GPU work's first
+-- start to last end, as Holistic Trace Analysis takes it. Never the last stray host call: a call made
+-- after the work and the profiler are done is no time of the GPU's. Nsight Systems' exports (2022.4)
+-- do not say whether their collection was a capture range or the whole session from the
+-- application's launch, so an nsys capture's window is its GPU work's span. `window_source` says
+-- which. A GPU is busy where any of the process's kernels, memcpys or memsets runs on that device, on
+-- any stream: the union of their intervals, so overlapping work counts once. The rest of the window
+-- is idle, and is split by the process's iterations (their device intervals, from iterations.sql and
+-- the mapping): idle `within` an iteration lies inside an iteration's device
 -- interval, between its GPU work; `between` iterations lies after the device work of every
 -- iteration so far and before the next iteration's device start; `outside` lies before the first
 -- iteration or after the last, and is all idle time when the mapping finds no iteration. Each idle
@@ -18,26 +23,35 @@
 -- order, and the gaps cut by the segments by two ASOF joins (an interval of one set starting inside
 -- one of the other, or the other way round), as host_gaps.sql does.
 
--- The capture window; querying it fails with a message when the capture holds no GPU work.
-CREATE VIEW _gpu_time_window AS
-WITH
-  extents AS (
-    SELECT min(start_ns) AS lo, max(end_ns) AS hi FROM gpu_ops
-    UNION ALL SELECT min(start_ns), max(coalesce(end_ns, start_ns)) FROM nvtx_ranges
-    UNION ALL SELECT min(ts_ns), max(ts_ns) FROM nvtx_marks
-    UNION ALL SELECT min(start_ns), max(end_ns) FROM cuda_api
-  )
-SELECT
-  CASE WHEN NOT EXISTS (SELECT 1 FROM gpu_ops)
-    THEN error('no GPU work in this capture (gpu_ops is empty: no kernel, memcpy or memset was recorded), so there '
-               || 'is no GPU time to account; capture with CUDA tracing (nsys profile --trace=cuda,nvtx ...)')
-    ELSE min(lo) END AS start_ns,
-  max(hi) AS end_ns
-FROM extents;
-
 -- The (device, process) pairs that ran GPU work.
 CREATE VIEW _gpu_time_gpus AS
 SELECT DISTINCT device_id, global_pid FROM gpu_ops;
+
+-- Per GPU, its window and where it comes from; querying it fails with a message when the capture holds
+-- no GPU work.
+CREATE VIEW _gpu_time_window AS
+WITH
+  work AS (SELECT device_id, global_pid, min(start_ns) AS first_ns, max(end_ns) AS last_ns FROM gpu_ops GROUP BY ALL),
+  spans AS (
+    -- the profiler's own span of each process: its trace span, else its profiler steps
+    SELECT global_pid, arg_min({'start_ns': start_ns, 'end_ns': end_ns, 'source': source},
+                               source <> 'kineto trace span') AS span
+    FROM capture_spans
+    WHERE source IN ('kineto trace span', 'kineto profiler steps')
+    GROUP BY global_pid
+  )
+SELECT
+  w.device_id,
+  w.global_pid,
+  CASE WHEN w.device_id IS NULL AND w.global_pid IS NULL
+    THEN error('no GPU work in this capture (gpu_ops is empty: no kernel, memcpy or memset was recorded), so there '
+               || 'is no GPU time to account; capture with CUDA tracing (nsys profile --trace=cuda,nvtx ...)')
+    ELSE least(coalesce(s.span.start_ns, w.first_ns), w.first_ns) END AS start_ns,
+  greatest(coalesce(s.span.end_ns, w.last_ns), w.last_ns) AS end_ns,
+  coalesce(s.span.source, 'GPU work') AS source
+FROM (SELECT 1) AS one
+LEFT JOIN work AS w ON true
+LEFT JOIN spans AS s ON s.global_pid = w.global_pid;
 
 -- GPU operations of positive length in start order on their device, each with the latest end
 -- among the operations before it (NULL for the first).
@@ -61,9 +75,8 @@ WITH
     GROUP BY ALL
   ),
   edges AS (
-    SELECT g.device_id, g.global_pid, w.start_ns AS window_start_ns, w.end_ns AS window_end_ns, s.first_ns, s.last_ns
-    FROM _gpu_time_gpus AS g
-    CROSS JOIN _gpu_time_window AS w
+    SELECT w.device_id, w.global_pid, w.start_ns AS window_start_ns, w.end_ns AS window_end_ns, s.first_ns, s.last_ns
+    FROM _gpu_time_window AS w
     LEFT JOIN spans AS s USING (device_id, global_pid)
   )
 SELECT device_id, global_pid, busy_until_ns AS start_ns, start_ns AS end_ns
@@ -75,15 +88,14 @@ WHERE coalesce(first_ns, window_end_ns) > window_start_ns
 UNION ALL
 SELECT device_id, global_pid, last_ns, window_end_ns FROM edges WHERE window_end_ns > last_ns;
 
--- Per process, the window cut into consecutive segments by its iterations' device intervals, each
--- labelled within, between or outside and with the iteration it lies in or after.
+-- Per GPU, its window cut into consecutive segments by its process's iterations' device intervals,
+-- each labelled within, between or outside and with the iteration it lies in or after.
 CREATE VIEW _gpu_time_segments AS
 WITH
-  processes AS (SELECT DISTINCT global_pid FROM _gpu_time_gpus),
   device AS (
     SELECT global_pid, iteration, range_id, device_start_ns AS start_ns, device_end_ns AS end_ns
     FROM _iterations_device
-    WHERE device_start_ns IS NOT NULL AND global_pid IN (SELECT global_pid FROM processes)
+    WHERE device_start_ns IS NOT NULL AND global_pid IN (SELECT global_pid FROM _gpu_time_gpus)
   ),
   ordered AS (
     SELECT
@@ -96,30 +108,30 @@ WITH
     WINDOW w AS (PARTITION BY global_pid ORDER BY start_ns, end_ns, range_id)
   ),
   firsts AS (
-    SELECT p.global_pid, w.start_ns AS window_start_ns, w.end_ns AS window_end_ns, min(d.start_ns) AS first_ns
-    FROM processes AS p
-    CROSS JOIN _gpu_time_window AS w
+    SELECT w.device_id, w.global_pid, w.start_ns AS window_start_ns, w.end_ns AS window_end_ns,
+           min(d.start_ns) AS first_ns
+    FROM _gpu_time_window AS w
     LEFT JOIN device AS d USING (global_pid)
     GROUP BY ALL
   ),
   segments AS (
-    SELECT global_pid, start_ns, least(coalesce(next_start_ns, busy_until_ns), busy_until_ns) AS end_ns,
-           'within' AS kind, iteration
-    FROM ordered
+    SELECT f.device_id, o.global_pid, o.start_ns,
+           least(coalesce(o.next_start_ns, o.busy_until_ns), o.busy_until_ns) AS end_ns, 'within' AS kind, o.iteration
+    FROM ordered AS o JOIN firsts AS f USING (global_pid)
     UNION ALL
-    SELECT global_pid, busy_until_ns, next_start_ns, 'between', ended_last FROM ordered
-    WHERE next_start_ns > busy_until_ns
+    SELECT f.device_id, o.global_pid, o.busy_until_ns, o.next_start_ns, 'between', o.ended_last
+    FROM ordered AS o JOIN firsts AS f USING (global_pid)
+    WHERE o.next_start_ns > o.busy_until_ns
     UNION ALL
-    SELECT o.global_pid, o.busy_until_ns, f.window_end_ns, 'outside', o.ended_last
+    SELECT f.device_id, o.global_pid, o.busy_until_ns, f.window_end_ns, 'outside', o.ended_last
     FROM ordered AS o JOIN firsts AS f USING (global_pid)
     WHERE o.next_start_ns IS NULL
     UNION ALL
-    SELECT global_pid, window_start_ns, coalesce(first_ns, window_end_ns), 'outside', NULL FROM firsts
+    SELECT device_id, global_pid, window_start_ns, coalesce(first_ns, window_end_ns), 'outside', NULL FROM firsts
   )
-SELECT s.*, g.device_id
-FROM segments AS s
-JOIN _gpu_time_gpus AS g USING (global_pid)
-WHERE s.end_ns > s.start_ns;
+SELECT global_pid, start_ns, end_ns, kind, iteration, device_id
+FROM segments
+WHERE end_ns > start_ns;
 
 -- Idle spans, unordered: each gap cut where the segments of its process change.
 CREATE VIEW _gpu_time_idle AS
@@ -165,9 +177,9 @@ CREATE VIEW gpu_time (
   global_pid,
   -- Operating-system process id.
   pid,
-  -- Start of the capture window: the first instant the capture recorded, in ns since it started.
+  -- Start of this GPU's window (window_source says which): the profiler's span, else its GPU work's first start, in ns since the capture started.
   window_start_ns,
-  -- End of the capture window: the last instant the capture recorded.
+  -- End of the window: the profiler's span, else its GPU work's last end.
   window_end_ns,
   -- window_end_ns - window_start_ns = busy_ns + idle_ns.
   window_ns,
@@ -186,7 +198,9 @@ CREATE VIEW gpu_time (
   -- busy_ns / window_ns (0 to 1).
   busy_share,
   -- Iterations of this process with a device interval (iterations.sql).
-  iterations
+  iterations,
+  -- What the window is: 'kineto trace span' (the PyTorch profiler's recording), 'kineto profiler steps' (its ProfilerStep annotations), each widened to hold all of the GPU's work, or 'GPU work' (its first start to last end).
+  window_source
 ) AS
 WITH
   busy AS (
@@ -208,9 +222,9 @@ WITH
     SELECT global_pid, count(*) AS iterations FROM _iterations_device WHERE device_start_ns IS NOT NULL GROUP BY ALL
   )
 SELECT
-  g.device_id,
-  g.global_pid,
-  (g.global_pid >> 24) & 16777215,
+  w.device_id,
+  w.global_pid,
+  (w.global_pid >> 24) & 16777215,
   w.start_ns,
   w.end_ns,
   w.end_ns - w.start_ns,
@@ -221,14 +235,14 @@ SELECT
   coalesce(i.between_ns, 0),
   coalesce(i.outside_ns, 0),
   coalesce(b.busy_ns, 0) / nullif(w.end_ns - w.start_ns, 0),
-  coalesce(t.iterations, 0)
-FROM _gpu_time_gpus AS g
-CROSS JOIN _gpu_time_window AS w
+  coalesce(t.iterations, 0),
+  w.source
+FROM _gpu_time_window AS w
 JOIN ops AS o USING (device_id, global_pid)
 LEFT JOIN busy AS b USING (device_id, global_pid)
 LEFT JOIN idle AS i USING (device_id, global_pid)
 LEFT JOIN its AS t USING (global_pid)
-ORDER BY g.device_id, g.global_pid;
+ORDER BY w.device_id, w.global_pid;
 
 -- GPU operations by name: which kernels (and copies) took the GPU's time.
 CREATE VIEW gpu_time_kernels (

@@ -80,11 +80,10 @@ def expected_gaps(intervals: dict[int, list[tuple[int, int, int]]],
 
 
 def expected_accounting(built: ec.Built, db: QueryDB) -> dict[tuple[int, int], tuple]:
-    """Per (device, process), gpu_time_reference's accounting of the build under the mapping in effect."""
+    """Per (device, process), gpu_time_reference's accounting of the build under the mapping in effect, over
+    that GPU's window: its work's first start to last end."""
     step_pattern, domain, phase_pattern = rows(db, "SELECT step_pattern, domain, phase_pattern FROM mapping")[0]
     cap = built.capture
-    lo = min([r.start_ns for r in cap.ranges] + [c.start_ns for c in cap.calls] + [w.start_ns for w in cap.gpu_work])
-    hi = max([r.end_ns for r in cap.ranges] + [c.end_ns for c in cap.calls] + [w.end_ns for w in cap.gpu_work])
     launched = {w.correlation_id for w in cap.gpu_work}
     launches = Counter(c.tid for c in cap.calls if c.correlation_id in launched)
     intervals = device_intervals(built, re.compile(step_pattern))
@@ -104,7 +103,8 @@ def expected_accounting(built: ec.Built, db: QueryDB) -> dict[tuple[int, int], t
         iterations = [(ds, de, None) for tid, steps in intervals.items() if tid & ~0xFFFFFF == pid
                       for _, ds, de in steps]
         ops = [(w.start_ns, w.end_ns) for w in cap.gpu_work if (w.device, w.pid) == (device, pid)]
-        out[device, pid] = accounting((lo, hi), ops, iterations, host)
+        window = (min(a for a, _ in ops), max(b for _, b in ops))  # an nsys capture's: its GPU work's span
+        out[device, pid] = accounting(window, ops, iterations, host)
     return out
 
 
