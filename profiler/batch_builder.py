@@ -21,21 +21,31 @@ from itertrace.profiler.policies import SortKey
 from itertrace.profiler.request import Request
 
 
-def build_batch(head: Batch, work: list[tuple[Request, int]], read_tokens: bool = True) -> Batch:
-    """The rows of `head` (the decode rows), then one row per (request, tokens this iteration) of `work`.
+def build_batch(head: Batch, work: list[tuple[Request, int]], tables: KeptTables, read_tokens: bool = True) -> Batch:
+    """The rows of `head` (the decode rows), then one row per (request, tokens this iteration) of `work`,
+    their block tables from `tables`.
 
     Without `read_tokens` (a runner that needs only how many tokens a row runs), prefill chunks carry
     -1 for their tokens, so that synthetic prompts are never made."""
-    columns, tokens = [], []  # columns: (request id, start, tokens, sample, generated) per request
+    columns, decodes, chunks, at = [], [], [], 0  # columns: (request id, start, tokens, sample, generated)
     for r, k in work:  # one pass over the requests
-        pos, outputs = r.num_computed, len(r.output_ids)
-        columns.append((r.request_id, pos, k, pos + k == len(r.prompt_ids) + outputs, outputs))
-        if k == 1 and outputs and pos == len(r.prompt_ids) + outputs - 1:
-            tokens.append(r.output_ids[-1])  # a decode: its last sampled token
-        else:
-            tokens += r.token_slice(pos, k) if read_tokens else [-1] * k
+        pos, outputs, end = r.num_computed, len(r.output_ids), len(r.prompt_ids) + len(r.output_ids)
+        columns.append((r.request_id, pos, k, pos + k == end, outputs))
+        if k == 1 and outputs and pos == end - 1:
+            decodes.append((at, r.output_ids[-1]))  # a decode: its last sampled token
+        elif read_tokens:
+            chunks.append((at, k, r.token_slice(pos, k)))
+        at += k
+    tokens = np.full(at, -1, dtype=np.int64)
+    for at, k, chunk in chunks:
+        tokens[at: at + k] = chunk
+    for at, token in decodes:
+        tokens[at] = token
     ids, start, counts, sample, generated = np.array(columns, dtype=np.int64).reshape(len(work), 5).T
-    width = max(head.block_tables.shape[1], max((len(r.block_ids) for r, _ in work), default=0))
+    n, width = head.num_seqs, max(head.block_tables.shape[1], max((len(r.block_ids) for r, _ in work), default=0))
+    block_tables = np.full((n + len(work), width), -1, dtype=np.int64)
+    block_tables[:n, : head.block_tables.shape[1]] = head.block_tables
+    tables.fill(block_tables[n:], [r for r, _ in work])
     join = np.concatenate
     return Batch(
         iteration=head.iteration,
@@ -43,12 +53,41 @@ def build_batch(head: Batch, work: list[tuple[Request, int]], read_tokens: bool 
         request_ids=join((head.request_ids, ids)),
         start_pos=join((head.start_pos, start)),
         num_tokens=join((head.num_tokens, counts)),
-        token_ids=join((head.token_ids, np.array(tokens, dtype=np.int64))),
+        token_ids=join((head.token_ids, tokens)),
         sample=join((head.sample, sample.astype(bool))),
-        block_tables=join((_padded(head.block_tables, width), _tables([r for r, _ in work], width))),
+        block_tables=block_tables,
         num_generated=join((head.num_generated, generated)),
         sampling=head.sampling + tuple(r.sampling for r, _ in work),
     )
+
+
+class KeptTables:
+    """The block tables of the requests taken one by one (prefill chunks, mostly), kept as arrays from one
+    iteration to the next, so that a long prompt's table is not converted again at every chunk.
+
+    A request's block list is only ever appended to (freeing or swapping gives it a new list), so an
+    array kept for the same list object holds its first entries, and only the blocks added since are
+    converted. Only the requests of the last call are kept.
+    """
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[list[int], np.ndarray]] = {}
+
+    def fill(self, out: np.ndarray, reqs: list[Request]) -> None:
+        """Write each request's block table into its row of `out` ([len(reqs), width], filled with -1)."""
+        kept, last = {}, self._kept
+        for row, r in zip(out, reqs):
+            blocks = r.block_ids
+            held = last.get(r.request_id)
+            if held is not None and held[0] is blocks and len(held[1]) <= len(blocks):
+                table = held[1]
+                if len(table) < len(blocks):
+                    table = np.concatenate((table, np.array(blocks[len(table):], dtype=np.int64)))
+            else:
+                table = np.array(blocks, dtype=np.int64)
+            kept[r.request_id] = (blocks, table)
+            row[: len(table)] = table
+        self._kept = kept
 
 
 def _tables(reqs: list[Request], width: int) -> np.ndarray:
