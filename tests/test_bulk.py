@@ -59,7 +59,7 @@ def _run(specs, cfg, num_blocks, block_size, swap_blocks, sampling, ignore_eos, 
         engine.log.close({})
         tables = {name: pq.read_table(Path(tmp) / f"{name}.parquet") for name in ("iterations", "events", "requests")}
     state = [(r.phase, r.output_ids, r.num_computed, r.block_ids, r.transitions, r.num_preemptions) for r in reqs]
-    state.append(list(blocks.device._free))  # its order says which blocks each request held, in which order
+    state.append(blocks.device.free_ids())  # its order says which blocks each request held, in which order
     state.append(tracer.kept)
     times = {rid: (t.first_token_ns, t.last_token_ns, t.finish_ns, t.token_ns, t.token_iterations)
              for rid, t in result.times.items()}
