@@ -65,6 +65,7 @@ class Batch:
     token_ids: np.ndarray  # [T] int64: every sequence's tokens in turn (-1: unread, see Scheduler.read_tokens)
     sample: np.ndarray  # [S] bool: the chunk reaches the sequence's end, so a token is sampled
     block_tables: np.ndarray  # [S, max_blocks] int64, padded with -1; covers [0, start_pos + num_tokens)
+    # (a property, set below: it joins a JoinedTables when first read)
     num_generated: np.ndarray  # [S] int64: output tokens each request already has
     sampling: tuple[SamplingParams, ...]  # [S]
 
@@ -126,6 +127,38 @@ class Batch:
             sampling=tuple(s.sampling for s in seqs),
         )
 
+
+
+class JoinedTables(NamedTuple):
+    """A batch's block tables as parts, to join when first read: the leading rows' table ([D, w]) and one
+    block list per row after them (int64 arrays, which nobody writes again)."""
+
+    head: np.ndarray
+    rows: list[np.ndarray]
+
+    def join(self) -> np.ndarray:
+        """[D + len(rows), max_blocks] the rows in turn, padded with -1."""
+        head, n = self.head, len(self.head)
+        out = np.full((n + len(self.rows), max(head.shape[1], max(map(len, self.rows), default=0))), -1,
+                      dtype=np.int64)
+        out[:n, : head.shape[1]] = head
+        for row, table in zip(out[n:], self.rows):
+            row[: len(table)] = table
+        return out
+
+
+def _block_tables(batch: Batch) -> np.ndarray:
+    tables = batch._block_tables
+    if type(tables) is JoinedTables:
+        tables = batch._block_tables = tables.join()
+    return tables
+
+
+def _set_block_tables(batch: Batch, tables: np.ndarray | JoinedTables) -> None:
+    batch._block_tables = tables
+
+
+Batch.block_tables = property(_block_tables, _set_block_tables)  # the dataclass's __init__ sets it through this
 
 @dataclass
 class SwapPlan:

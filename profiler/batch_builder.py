@@ -15,7 +15,7 @@ from itertools import chain, repeat
 
 import numpy as np
 
-from itertrace.profiler.batch import Batch, SamplingParams
+from itertrace.profiler.batch import Batch, JoinedTables, SamplingParams
 from itertrace.profiler.kv import BlockManager
 from itertrace.profiler.policies import SortKey
 from itertrace.profiler.request import Request
@@ -23,7 +23,7 @@ from itertrace.profiler.request import Request
 
 def build_batch(head: Batch, work: list[tuple[Request, int]], tables: KeptTables, read_tokens: bool = True) -> Batch:
     """The rows of `head` (the decode rows), then one row per (request, tokens this iteration) of `work`,
-    their block tables from `tables`.
+    their block tables from `tables` (joined when first read: see JoinedTables).
 
     Without `read_tokens` (a runner that needs only how many tokens a row runs), prefill chunks carry
     -1 for their tokens, so that synthetic prompts are never made."""
@@ -42,10 +42,6 @@ def build_batch(head: Batch, work: list[tuple[Request, int]], tables: KeptTables
     for at, token in decodes:
         tokens[at] = token
     ids, start, counts, sample, generated = np.array(columns, dtype=np.int64).reshape(len(work), 5).T
-    n, width = head.num_seqs, max(head.block_tables.shape[1], max((len(r.block_ids) for r, _ in work), default=0))
-    block_tables = np.full((n + len(work), width), -1, dtype=np.int64)
-    block_tables[:n, : head.block_tables.shape[1]] = head.block_tables
-    tables.fill(block_tables[n:], [r for r, _ in work])
     join = np.concatenate
     return Batch(
         iteration=head.iteration,
@@ -55,7 +51,7 @@ def build_batch(head: Batch, work: list[tuple[Request, int]], tables: KeptTables
         num_tokens=join((head.num_tokens, counts)),
         token_ids=join((head.token_ids, tokens)),
         sample=join((head.sample, sample.astype(bool))),
-        block_tables=block_tables,
+        block_tables=JoinedTables(head.block_tables, tables.arrays([r for r, _ in work])),
         num_generated=join((head.num_generated, generated)),
         sampling=head.sampling + tuple(r.sampling for r, _ in work),
     )
@@ -73,10 +69,10 @@ class KeptTables:
     def __init__(self) -> None:
         self._kept: dict[int, tuple[list[int], np.ndarray]] = {}
 
-    def fill(self, out: np.ndarray, reqs: list[Request]) -> None:
-        """Write each request's block table into its row of `out` ([len(reqs), width], filled with -1)."""
-        kept, last = {}, self._kept
-        for row, r in zip(out, reqs):
+    def arrays(self, reqs: list[Request]) -> list[np.ndarray]:
+        """Each request's block table as an int64 array (which nobody writes again)."""
+        kept, last, out = {}, self._kept, []
+        for r in reqs:
             blocks = r.block_ids
             held = last.get(r.request_id)
             if held is not None and held[0] is blocks and len(held[1]) <= len(blocks):
@@ -86,8 +82,9 @@ class KeptTables:
             else:
                 table = np.array(blocks, dtype=np.int64)
             kept[r.request_id] = (blocks, table)
-            row[: len(table)] = table
+            out.append(table)
         self._kept = kept
+        return out
 
 
 def _tables(reqs: list[Request], width: int) -> np.ndarray:

@@ -53,7 +53,7 @@ class BlockPool:
         if count > self.num_free:
             raise OutOfBlocks(f"need {count} blocks, {self.num_free} free")
         blocks = self._next(count)
-        self._owner.update(dict.fromkeys(blocks, owner))
+        self._owner.update(zip(blocks, repeat(owner)))
         return blocks
 
     def take_each(self, owners: list[int]) -> list[int]:
