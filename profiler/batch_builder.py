@@ -20,6 +20,9 @@ from itertrace.profiler.kv import BlockManager
 from itertrace.profiler.policies import SortKey
 from itertrace.profiler.request import Request
 
+_NONE = np.empty(0, dtype=np.int64)  # no rows (never written)
+_NEVER = 2**62  # iterations until something that never comes
+
 
 def build_batch(head: Batch, work: list[tuple[Request, int]], tables: KeptTables, read_tokens: bool = True) -> Batch:
     """The rows of `head` (the decode rows), then one row per (request, tokens this iteration) of `work`,
@@ -128,6 +131,9 @@ class DecodeRows:
         self._leaving: list[int] = []
         self._batch_parts: tuple | None = None  # (sampling tuple, ones, all-true) while the rows are unchanged
         self._work: list[tuple[Request, int]] | None = None
+        # iterations until a row samples its last token (min of last_step - num_generated), and until a row
+        # needs a new block (min of room - pos): most iterations check an int instead of the arrays
+        self._finish_in = self._grow_in = _NEVER
 
     def __len__(self) -> int:
         return len(self.reqs)
@@ -166,14 +172,25 @@ class DecodeRows:
         self.request_ids, self.pos, self.tokens, self.num_generated, self.last_step, self.room = merged
         width = max(self.tables.shape[1], max((len(r.block_ids) for r in new), default=0))
         self.tables = np.concatenate((_padded(self.tables, width), _tables(new, width))).take(order, axis=0)
+        self._count_down()
         stops = set(chain.from_iterable(r.sampling.stop_token_ids for r in new if not r.sampling.ignore_eos))
         if not stops <= self._stop_ids:
             self._stop_ids |= stops
             self._stops = np.array(sorted(self._stop_ids), dtype=np.int64)
         self._batch_parts = self._work = None
 
+    def _count_down(self) -> None:
+        """Set _finish_in and _grow_in from the arrays."""
+        if len(self.reqs):
+            self._finish_in = int((self.last_step - self.num_generated).min())
+            self._grow_in = int((self.room - self.pos).min())
+        else:
+            self._finish_in = self._grow_in = _NEVER
+
     def growing(self) -> np.ndarray:
         """[G] rows whose next token starts a new KV block, in row order."""
+        if self._grow_in > 0:
+            return _NONE
         return (self.pos >= self.room).nonzero()[0]
 
     def grow(self, rows: np.ndarray, blocks: BlockManager) -> None:
@@ -184,6 +201,7 @@ class DecodeRows:
         """
         room = self.room[rows]
         self.room[rows] = room + self._block_size  # room is never handed out
+        self._grow_in = int((self.room - self.pos).min())
         self._put_blocks(rows, np.floor_divide(room, self._block_size, room), blocks)  # the column where each goes
 
     def _put_blocks(self, rows: np.ndarray, column: np.ndarray, blocks: BlockManager) -> None:
@@ -201,7 +219,7 @@ class DecodeRows:
     def steps_to_finish(self) -> int:
         """Iterations the rows run before one of them samples its last token (max_tokens): none of these
         iterations ends a row on length, the next one does."""
-        return int((self.last_step - self.num_generated).min())
+        return self._finish_in
 
     def first_stop(self, tokens: np.ndarray) -> int:
         """The first step of `tokens` ([steps, D], the rows' coming tokens) where a row may stop on a stop
@@ -228,6 +246,7 @@ class DecodeRows:
         iteration by iteration (the caller made sure the pool has them)."""
         self._put_blocks(rows, (self.pos[rows] + steps) // self._block_size, blocks)
         self.room += self._block_size * np.bincount(rows, minlength=len(self.reqs))
+        self._grow_in = int((self.room - self.pos).min())
 
     def work(self) -> list[tuple[Request, int]]:
         """[(request, 1)] per row (one list, shared until the rows change)."""
@@ -247,6 +266,8 @@ class DecodeRows:
 
     def may_stop(self, tokens: np.ndarray) -> list[int]:
         """Rows that may finish on `tokens` (their max_tokens reached, or a stop token); the caller decides."""
+        if self._finish_in > 0 and not len(self._stops):
+            return []
         ending = self.num_generated >= self.last_step
         if len(self._stops) == 1:
             ending |= tokens == self._stops[0]
@@ -259,3 +280,5 @@ class DecodeRows:
         self.pos = self.pos + steps
         self.num_generated = self.num_generated + steps
         self.tokens = tokens
+        self._finish_in -= steps
+        self._grow_in -= steps
