@@ -130,20 +130,22 @@ class Batch:
 
 
 class JoinedTables(NamedTuple):
-    """A batch's block tables as parts, to join when first read: the leading rows' table ([D, w]) and one
-    block list per row after them (int64 arrays, which nobody writes again)."""
+    """A batch's block tables as parts, to join when first read: the leading rows' table ([D, w]) and, for
+    each row after them, a request's block list and how many of its blocks the row holds. A request's block
+    list is only ever appended to (freeing or swapping its blocks gives it a new list), so the first
+    entries of a list are the same whenever they are read."""
 
     head: np.ndarray
-    rows: list[np.ndarray]
+    rows: list[tuple[list[int], int]]
 
     def join(self) -> np.ndarray:
         """[D + len(rows), max_blocks] the rows in turn, padded with -1."""
-        head, n = self.head, len(self.head)
-        out = np.full((n + len(self.rows), max(head.shape[1], max(map(len, self.rows), default=0))), -1,
-                      dtype=np.int64)
-        out[:n, : head.shape[1]] = head
-        for row, table in zip(out[n:], self.rows):
-            row[: len(table)] = table
+        head, d = self.head, len(self.head)
+        width = max(head.shape[1], max((n for _, n in self.rows), default=0))
+        out = np.full((d + len(self.rows), width), -1, dtype=np.int64)
+        out[:d, : head.shape[1]] = head
+        for row, (blocks, n) in zip(out[d:], self.rows):
+            row[:n] = blocks[:n]
         return out
 
 

@@ -24,9 +24,9 @@ _NONE = np.empty(0, dtype=np.int64)  # no rows (never written)
 _NEVER = 2**62  # iterations until something that never comes
 
 
-def build_batch(head: Batch, work: list[tuple[Request, int]], tables: KeptTables, read_tokens: bool = True) -> Batch:
-    """The rows of `head` (the decode rows), then one row per (request, tokens this iteration) of `work`,
-    their block tables from `tables` (joined when first read: see JoinedTables).
+def build_batch(head: Batch, work: list[tuple[Request, int]], read_tokens: bool = True) -> Batch:
+    """The rows of `head` (the decode rows), then one row per (request, tokens this iteration) of `work`;
+    the block tables are joined when first read (see JoinedTables).
 
     Without `read_tokens` (a runner that needs only how many tokens a row runs), prefill chunks carry
     -1 for their tokens, so that synthetic prompts are never made."""
@@ -54,40 +54,10 @@ def build_batch(head: Batch, work: list[tuple[Request, int]], tables: KeptTables
         num_tokens=join((head.num_tokens, counts)),
         token_ids=join((head.token_ids, tokens)),
         sample=join((head.sample, sample.astype(bool))),
-        block_tables=JoinedTables(head.block_tables, tables.arrays([r for r, _ in work])),
+        block_tables=JoinedTables(head.block_tables, [(r.block_ids, len(r.block_ids)) for r, _ in work]),
         num_generated=join((head.num_generated, generated)),
         sampling=head.sampling + tuple(r.sampling for r, _ in work),
     )
-
-
-class KeptTables:
-    """The block tables of the requests taken one by one (prefill chunks, mostly), kept as arrays from one
-    iteration to the next, so that a long prompt's table is not converted again at every chunk.
-
-    A request's block list is only ever appended to (freeing or swapping gives it a new list), so an
-    array kept for the same list object holds its first entries, and only the blocks added since are
-    converted. Only the requests of the last call are kept.
-    """
-
-    def __init__(self) -> None:
-        self._kept: dict[int, tuple[list[int], np.ndarray]] = {}
-
-    def arrays(self, reqs: list[Request]) -> list[np.ndarray]:
-        """Each request's block table as an int64 array (which nobody writes again)."""
-        kept, last, out = {}, self._kept, []
-        for r in reqs:
-            blocks = r.block_ids
-            held = last.get(r.request_id)
-            if held is not None and held[0] is blocks and len(held[1]) <= len(blocks):
-                table = held[1]
-                if len(table) < len(blocks):
-                    table = np.concatenate((table, np.array(blocks[len(table):], dtype=np.int64)))
-            else:
-                table = np.array(blocks, dtype=np.int64)
-            kept[r.request_id] = (blocks, table)
-            out.append(table)
-        self._kept = kept
-        return out
 
 
 def _tables(reqs: list[Request], width: int) -> np.ndarray:

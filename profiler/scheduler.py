@@ -34,7 +34,7 @@ import numpy as np
 
 from itertrace.profiler.admission import Admission
 from itertrace.profiler.batch import SwapPlan
-from itertrace.profiler.batch_builder import DecodeRows, KeptTables, build_batch
+from itertrace.profiler.batch_builder import DecodeRows, build_batch
 from itertrace.profiler.budget import Budget, prefill_room
 from itertrace.profiler.decision import Decision, Event, EventKind, Limit, Mode, SchedulerConfig, TokenEvents
 from itertrace.profiler.kv import BlockManager
@@ -66,7 +66,6 @@ class Scheduler:
         self._swap = SwapPlan()
         self._rows: DecodeRows | None = None  # the running decodes as arrays (None: rebuild)
         self._rows_run = 0  # how many leading rows of the last decision came from self._rows
-        self._tables = KeptTables()  # block tables of the work taken one by one
         self._prefill_room = prefill_room(config)
         # False (set by the engine for a runner that never reads token ids): prefill chunks carry -1
         # for their tokens, so a synthetic prompt is never made (see tokenizer.SynthPrompt)
@@ -383,7 +382,7 @@ class Scheduler:
         work = budget.work
         batch, decode = rows.batch(iteration), len(rows)
         if work:
-            batch = build_batch(batch, work, self._tables, self.read_tokens)
+            batch = build_batch(batch, work, self.read_tokens)
             decode += sum(n for r, n in work if r.phase is Phase.DECODE)
         stalled = []
         if len(self.running) > len(rows) + len(work):  # someone holding a slot ran nothing

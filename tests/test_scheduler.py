@@ -306,9 +306,9 @@ def test_block_pool_hands_out_what_a_first_in_first_out_queue_would():
 
 
 def test_each_batch_row_carries_its_requests_block_list():
-    """The block tables handed out, decode rows and prefill chunks alike, against the requests' own block
-    lists at that moment: long prompts chunked over many iterations (their tables kept from chunk to chunk),
-    preempted mid-prompt and resumed with new blocks (recompute and swap), others arriving meanwhile."""
+    """The block tables handed out, decode rows and prefill chunks alike (the latter joined from the requests'
+    lists when read), against the requests' own block lists at that moment: long prompts chunked over many
+    iterations, preempted mid-prompt and resumed with new blocks (recompute and swap), others arriving."""
     for preemption, swap_blocks in ((PreemptKind.RECOMPUTE, 0), (PreemptKind.SWAP, 40)):
         blocks = BlockManager(num_blocks=70, block_size=4, swap_blocks=swap_blocks)
         sched = Scheduler(SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=24, preemption=preemption),
