@@ -128,7 +128,6 @@ class Batch:
         )
 
 
-
 class JoinedTables(NamedTuple):
     """A batch's block tables as parts, to join when first read: the leading rows' table ([D, w]) and, for
     each row after them, a request's block list and how many of its blocks the row holds. A request's block
@@ -161,6 +160,7 @@ def _set_block_tables(batch: Batch, tables: np.ndarray | JoinedTables) -> None:
 
 
 Batch.block_tables = property(_block_tables, _set_block_tables)  # the dataclass's __init__ sets it through this
+
 
 @dataclass
 class SwapPlan:
