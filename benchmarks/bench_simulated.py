@@ -41,6 +41,18 @@ workload took 156.1 s.
 So "100,000 requests in seconds" holds loosely for the default workload (under 20 s here, most of it
 the requests' own Python work: admission, prefill, finish, logging) and not for the busy one, whose
 iterations almost all change the batch.
+
+Trace runs (`--trace`) on the same 2-core machine, shared with other work (its load average given per
+run: wall time grows with it, CPU time much less):
+  AzureLLMInferenceTrace_conv.csv (19,366 requests over 58 minutes; 258,629 iterations, 218,800 in bulk;
+    4.2 million event rows), 3 rounds, load 4.6 rising to 8.6: in bulk 0.75 of the target in wall time
+    (18.4 s of CPU), one by one x1.17 slower in wall time and x1.36 in CPU time; peak RSS 493 and 541 MiB.
+  long-prompts (775,895 iterations, 129,134 in bulk; 5.1 million event rows), 1 round, load 8.6-8.8: in
+    bulk 3.6 times the target in wall time (87 s of CPU in its two threads: likely over the target on an
+    idle machine too), one by one x1.06 slower; peak RSS 543 and 567 MiB. This shape does not meet the
+    target: its iterations run one by one at about 100 us of Python each, spread thin (the scheduler
+    about 40%, of which building a batch with a prompt chunk 10%; the runner and commit 20%; events and
+    iteration rows 15%; building the logs' tables 10%).
 """
 from __future__ import annotations
 
