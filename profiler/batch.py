@@ -65,6 +65,7 @@ class Batch:
     token_ids: np.ndarray  # [T] int64: every sequence's tokens in turn (-1: unread, see Scheduler.read_tokens)
     sample: np.ndarray  # [S] bool: the chunk reaches the sequence's end, so a token is sampled
     block_tables: np.ndarray  # [S, max_blocks] int64, padded with -1; covers [0, start_pos + num_tokens)
+    # (a property, set below: it joins a JoinedTables when first read)
     num_generated: np.ndarray  # [S] int64: output tokens each request already has
     sampling: tuple[SamplingParams, ...]  # [S]
 
@@ -125,6 +126,40 @@ class Batch:
             num_generated=ints(s.num_generated for s in seqs),
             sampling=tuple(s.sampling for s in seqs),
         )
+
+
+class JoinedTables(NamedTuple):
+    """A batch's block tables as parts, to join when first read: the leading rows' table ([D, w]) and, for
+    each row after them, a request's block list and how many of its blocks the row holds. A request's block
+    list is only ever appended to (freeing or swapping its blocks gives it a new list), so the first
+    entries of a list are the same whenever they are read."""
+
+    head: np.ndarray
+    rows: list[tuple[list[int], int]]
+
+    def join(self) -> np.ndarray:
+        """[D + len(rows), max_blocks] the rows in turn, padded with -1."""
+        head, d = self.head, len(self.head)
+        width = max(head.shape[1], max((n for _, n in self.rows), default=0))
+        out = np.full((d + len(self.rows), width), -1, dtype=np.int64)
+        out[:d, : head.shape[1]] = head
+        for row, (blocks, n) in zip(out[d:], self.rows):
+            row[:n] = blocks[:n]
+        return out
+
+
+def _block_tables(batch: Batch) -> np.ndarray:
+    tables = batch._block_tables
+    if type(tables) is JoinedTables:
+        tables = batch._block_tables = tables.join()
+    return tables
+
+
+def _set_block_tables(batch: Batch, tables: np.ndarray | JoinedTables) -> None:
+    batch._block_tables = tables
+
+
+Batch.block_tables = property(_block_tables, _set_block_tables)  # the dataclass's __init__ sets it through this
 
 
 @dataclass

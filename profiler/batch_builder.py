@@ -15,27 +15,36 @@ from itertools import chain, repeat
 
 import numpy as np
 
-from itertrace.profiler.batch import Batch, SamplingParams
+from itertrace.profiler.batch import Batch, JoinedTables, SamplingParams
 from itertrace.profiler.kv import BlockManager
 from itertrace.profiler.policies import SortKey
 from itertrace.profiler.request import Request
 
+_NONE = np.empty(0, dtype=np.int64)  # no rows (never written)
+_NEVER = 2**62  # iterations until something that never comes
+
 
 def build_batch(head: Batch, work: list[tuple[Request, int]], read_tokens: bool = True) -> Batch:
-    """The rows of `head` (the decode rows), then one row per (request, tokens this iteration) of `work`.
+    """The rows of `head` (the decode rows), then one row per (request, tokens this iteration) of `work`;
+    the block tables are joined when first read (see JoinedTables).
 
     Without `read_tokens` (a runner that needs only how many tokens a row runs), prefill chunks carry
     -1 for their tokens, so that synthetic prompts are never made."""
-    columns, tokens = [], []  # columns: (request id, start, tokens, sample, generated) per request
+    columns, decodes, chunks, at = [], [], [], 0  # columns: (request id, start, tokens, sample, generated)
     for r, k in work:  # one pass over the requests
-        pos, outputs = r.num_computed, len(r.output_ids)
-        columns.append((r.request_id, pos, k, pos + k == len(r.prompt_ids) + outputs, outputs))
-        if k == 1 and outputs and pos == len(r.prompt_ids) + outputs - 1:
-            tokens.append(r.output_ids[-1])  # a decode: its last sampled token
-        else:
-            tokens += r.token_slice(pos, k) if read_tokens else [-1] * k
+        pos, outputs, end = r.num_computed, len(r.output_ids), len(r.prompt_ids) + len(r.output_ids)
+        columns.append((r.request_id, pos, k, pos + k == end, outputs))
+        if k == 1 and outputs and pos == end - 1:
+            decodes.append((at, r.output_ids[-1]))  # a decode: its last sampled token
+        elif read_tokens:
+            chunks.append((at, k, r.token_slice(pos, k)))
+        at += k
+    tokens = np.full(at, -1, dtype=np.int64)
+    for at, k, chunk in chunks:
+        tokens[at: at + k] = chunk
+    for at, token in decodes:
+        tokens[at] = token
     ids, start, counts, sample, generated = np.array(columns, dtype=np.int64).reshape(len(work), 5).T
-    width = max(head.block_tables.shape[1], max((len(r.block_ids) for r, _ in work), default=0))
     join = np.concatenate
     return Batch(
         iteration=head.iteration,
@@ -43,9 +52,9 @@ def build_batch(head: Batch, work: list[tuple[Request, int]], read_tokens: bool 
         request_ids=join((head.request_ids, ids)),
         start_pos=join((head.start_pos, start)),
         num_tokens=join((head.num_tokens, counts)),
-        token_ids=join((head.token_ids, np.array(tokens, dtype=np.int64))),
+        token_ids=join((head.token_ids, tokens)),
         sample=join((head.sample, sample.astype(bool))),
-        block_tables=join((_padded(head.block_tables, width), _tables([r for r, _ in work], width))),
+        block_tables=JoinedTables(head.block_tables, [(r.block_ids, len(r.block_ids)) for r, _ in work]),
         num_generated=join((head.num_generated, generated)),
         sampling=head.sampling + tuple(r.sampling for r, _ in work),
     )
@@ -92,6 +101,9 @@ class DecodeRows:
         self._leaving: list[int] = []
         self._batch_parts: tuple | None = None  # (sampling tuple, ones, all-true) while the rows are unchanged
         self._work: list[tuple[Request, int]] | None = None
+        # iterations until a row samples its last token (min of last_step - num_generated), and until a row
+        # needs a new block (min of room - pos): most iterations check an int instead of the arrays
+        self._finish_in = self._grow_in = _NEVER
 
     def __len__(self) -> int:
         return len(self.reqs)
@@ -130,14 +142,25 @@ class DecodeRows:
         self.request_ids, self.pos, self.tokens, self.num_generated, self.last_step, self.room = merged
         width = max(self.tables.shape[1], max((len(r.block_ids) for r in new), default=0))
         self.tables = np.concatenate((_padded(self.tables, width), _tables(new, width))).take(order, axis=0)
+        self._count_down()
         stops = set(chain.from_iterable(r.sampling.stop_token_ids for r in new if not r.sampling.ignore_eos))
         if not stops <= self._stop_ids:
             self._stop_ids |= stops
             self._stops = np.array(sorted(self._stop_ids), dtype=np.int64)
         self._batch_parts = self._work = None
 
+    def _count_down(self) -> None:
+        """Set _finish_in and _grow_in from the arrays."""
+        if len(self.reqs):
+            self._finish_in = int((self.last_step - self.num_generated).min())
+            self._grow_in = int((self.room - self.pos).min())
+        else:
+            self._finish_in = self._grow_in = _NEVER
+
     def growing(self) -> np.ndarray:
         """[G] rows whose next token starts a new KV block, in row order."""
+        if self._grow_in > 0:
+            return _NONE
         return (self.pos >= self.room).nonzero()[0]
 
     def grow(self, rows: np.ndarray, blocks: BlockManager) -> None:
@@ -148,6 +171,7 @@ class DecodeRows:
         """
         room = self.room[rows]
         self.room[rows] = room + self._block_size  # room is never handed out
+        self._grow_in = int((self.room - self.pos).min())
         self._put_blocks(rows, np.floor_divide(room, self._block_size, room), blocks)  # the column where each goes
 
     def _put_blocks(self, rows: np.ndarray, column: np.ndarray, blocks: BlockManager) -> None:
@@ -165,7 +189,7 @@ class DecodeRows:
     def steps_to_finish(self) -> int:
         """Iterations the rows run before one of them samples its last token (max_tokens): none of these
         iterations ends a row on length, the next one does."""
-        return int((self.last_step - self.num_generated).min())
+        return self._finish_in
 
     def first_stop(self, tokens: np.ndarray) -> int:
         """The first step of `tokens` ([steps, D], the rows' coming tokens) where a row may stop on a stop
@@ -192,6 +216,7 @@ class DecodeRows:
         iteration by iteration (the caller made sure the pool has them)."""
         self._put_blocks(rows, (self.pos[rows] + steps) // self._block_size, blocks)
         self.room += self._block_size * np.bincount(rows, minlength=len(self.reqs))
+        self._grow_in = int((self.room - self.pos).min())
 
     def work(self) -> list[tuple[Request, int]]:
         """[(request, 1)] per row (one list, shared until the rows change)."""
@@ -211,6 +236,8 @@ class DecodeRows:
 
     def may_stop(self, tokens: np.ndarray) -> list[int]:
         """Rows that may finish on `tokens` (their max_tokens reached, or a stop token); the caller decides."""
+        if self._finish_in > 0 and not len(self._stops):
+            return []
         ending = self.num_generated >= self.last_step
         if len(self._stops) == 1:
             ending |= tokens == self._stops[0]
@@ -223,3 +250,5 @@ class DecodeRows:
         self.pos = self.pos + steps
         self.num_generated = self.num_generated + steps
         self.tokens = tokens
+        self._finish_in -= steps
+        self._grow_in -= steps

@@ -1,7 +1,7 @@
 """Paged KV blocks: a device pool and a swap pool, each a free list of fixed-size blocks."""
 from __future__ import annotations
 
-from collections import deque
+from itertools import repeat
 
 import numpy as np
 
@@ -13,33 +13,54 @@ class OutOfBlocks(Exception):
 
 
 class BlockPool:
-    """A fixed number of blocks handed out from a FIFO free list (freed blocks go to the back)."""
+    """A fixed number of blocks handed out from a FIFO free list (freed blocks go to the back).
+
+    The free list is a list read from a moving head (`_free[_head:]`), so that taking a long prompt's
+    hundreds of blocks is one slice, and each block's owner is a dict entry set and checked a whole
+    request's blocks at a time.
+    """
 
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
+        self._free: list[int] = list(range(num_blocks))  # free from _head on, first to be taken first
+        self._head = 0
         self._owner: dict[int, int] = {}  # block id -> request id
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return len(self._free) - self._head
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.num_free
+
+    def free_ids(self) -> list[int]:
+        """The free blocks, in the order they will be taken."""
+        return self._free[self._head:]
+
+    def _next(self, count: int) -> list[int]:
+        """The next `count` free blocks, off the free list (the caller checked there are as many)."""
+        head = self._head
+        blocks = self._free[head: head + count]
+        head += count
+        if 2 * head > len(self._free) >= 64:  # drop the taken front now and then: the list stays within 2x the pool
+            del self._free[:head]
+            head = 0
+        self._head = head
+        return blocks
 
     def take(self, owner: int, count: int) -> list[int]:
-        if count > len(self._free):
-            raise OutOfBlocks(f"need {count} blocks, {len(self._free)} free")
-        blocks = [self._free.popleft() for _ in range(count)]
-        self._owner.update(dict.fromkeys(blocks, owner))
+        if count > self.num_free:
+            raise OutOfBlocks(f"need {count} blocks, {self.num_free} free")
+        blocks = self._next(count)
+        self._owner.update(zip(blocks, repeat(owner)))
         return blocks
 
     def take_each(self, owners: list[int]) -> list[int]:
         """One block for each owner, in order."""
-        if len(owners) > len(self._free):
-            raise OutOfBlocks(f"need {len(owners)} blocks, {len(self._free)} free")
-        blocks = [self._free.popleft() for _ in owners]
+        if len(owners) > self.num_free:
+            raise OutOfBlocks(f"need {len(owners)} blocks, {self.num_free} free")
+        blocks = self._next(len(owners))
         self._owner.update(zip(blocks, owners))
         return blocks
 
@@ -47,13 +68,11 @@ class BlockPool:
         """Return the owner's blocks to the back of the free list; a block it does not hold is an error,
         and then the pool is left as it was."""
         owners = self._owner
-        for i, b in enumerate(blocks):
-            held_by = owners.pop(b, None)
-            if held_by != owner:
-                if held_by is not None:
-                    owners[b] = held_by
-                owners.update(dict.fromkeys(blocks[:i], owner))
-                raise RuntimeError(f"block {b} is not held by request {owner}")
+        held = list(map(owners.pop, blocks, repeat(None)))  # a block listed twice: None the second time
+        if held.count(owner) != len(blocks):
+            bad = next(b for b, h in zip(blocks, held) if h != owner)
+            owners.update((b, h) for b, h in zip(blocks, held) if h is not None)
+            raise RuntimeError(f"block {bad} is not held by request {owner}")
         self._free.extend(blocks)
 
     def owners(self) -> dict[int, int]:

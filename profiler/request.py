@@ -78,7 +78,8 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     phase: Phase = Phase.WAITING
     num_computed: int = 0  # tokens whose KV is in the cache (prompt first, then output)
-    block_ids: list[int] = field(default_factory=list)  # the block table, in position order
+    block_ids: list[int] = field(default_factory=list)  # the block table, in position order; only appended to
+    # (freeing or swapping the blocks gives the request a new list: see batch.JoinedTables)
     swap_slots: list[int] = field(default_factory=list)  # where the blocks went on swap-out
     stop_reason: Reason | None = None
     transitions: list[Transition] = field(default_factory=list)

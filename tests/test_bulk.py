@@ -7,6 +7,7 @@ and stop tokens.
 """
 from __future__ import annotations
 
+import hashlib
 import tempfile
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from itertrace.profiler.runlog import RunLog
 from itertrace.profiler.scheduler import Scheduler, SchedulerConfig
 from itertrace.profiler.session import RunSpec, run
 from itertrace.profiler.sim_runner import CostModel, SimulatedRunner
-from itertrace.profiler.workloads import RequestSpec, build_requests
+from itertrace.profiler.workloads import RequestSpec, build_requests, synthetic
 
 
 class _Marks(Tracer):
@@ -59,7 +60,7 @@ def _run(specs, cfg, num_blocks, block_size, swap_blocks, sampling, ignore_eos, 
         engine.log.close({})
         tables = {name: pq.read_table(Path(tmp) / f"{name}.parquet") for name in ("iterations", "events", "requests")}
     state = [(r.phase, r.output_ids, r.num_computed, r.block_ids, r.transitions, r.num_preemptions) for r in reqs]
-    state.append(list(blocks.device._free))  # its order says which blocks each request held, in which order
+    state.append(blocks.device.free_ids())  # its order says which blocks each request held, in which order
     state.append(tracer.kept)
     times = {rid: (t.first_token_ns, t.last_token_ns, t.finish_ns, t.token_ns, t.token_iterations)
              for rid, t in result.times.items()}
@@ -170,6 +171,33 @@ def test_a_reservation_shrinks_as_a_row_takes_blocks_within_a_bulk_stretch():
     assert [(e["iteration"], e["kind"]) for e in b] == [(11, "admit")]
     _assert_same(slow, fast)
     assert fast[4] >= 9  # iterations 1-9 at least ran at once
+
+
+# digests of the rows of the run below, one by one, as the engine made them before its one-by-one path
+# was made cheaper (batches joining block tables when read, the pool taking blocks a request at a time,
+# decode rows counting down to their next finish and block): every row the same. Only a change meant to
+# change what the engine does may change them.
+_LONG_PROMPT_ROWS = {PreemptKind.RECOMPUTE: "a81a1e9ce6248b7a", PreemptKind.SWAP: "aebb382edf4b2845"}
+
+
+def test_long_prompts_arriving_into_a_full_kv_pool_give_the_same_run():
+    """A production trace of long prompts, scaled down: arrivals every few iterations, prompts chunked over
+    several, a KV pool too small for them all, so that requests are preempted mid-prompt and recompute (or
+    swap) again and again between stretches run in bulk. In bulk and one by one give the same run, and
+    its rows are the ones the engine has always made for it."""
+    for preemption, swap_blocks in ((PreemptKind.RECOMPUTE, 0), (PreemptKind.SWAP, 64)):
+        specs = synthetic(60, rate=20.0, prompt="uniform:200:1200", output="uniform:20:120", seed=3)
+        cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=256, preemption=preemption)
+        args = (specs, cfg, 256, 16, swap_blocks, None, True)
+        slow, fast = _run(*args, bulk=False), _run(*args, bulk=True)
+        _assert_same(slow, fast)
+        rows = slow[0]["iterations"].to_pylist()
+        assert sum(r["preempted"] for r in rows) > 40 and sum(r["prefill_tokens"] > 0 for r in rows) > 150
+        assert fast[4] > 250
+        digest = hashlib.sha256()
+        for name in ("iterations", "events", "requests"):
+            digest.update(repr(slow[0][name].to_pylist()).encode())
+        assert digest.hexdigest()[:16] == _LONG_PROMPT_ROWS[preemption]
 
 
 def test_progress_is_called_at_every_thousandth_iteration_as_one_by_one():

@@ -1,7 +1,7 @@
 """Exact checks of the worked example and slot-time claims, on the simulated runner."""
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -12,7 +12,7 @@ from itertrace.profiler.batch import SwapPlan
 from itertrace.profiler.budget import Budget
 from itertrace.profiler.clock import SimClock
 from itertrace.profiler.engine import Engine
-from itertrace.profiler.kv import BlockManager, BlockPool
+from itertrace.profiler.kv import BlockManager, BlockPool, OutOfBlocks
 from itertrace.profiler.policies import Policy, sort_key
 from itertrace.profiler.preemption import victim
 from itertrace.profiler.request import Phase, PreemptKind, Reason, Transition
@@ -261,6 +261,78 @@ def test_block_pool_is_fifo_and_refuses_blocks_it_did_not_hand_out():
     assert pool.num_free == 2 and pool.owners() == {2: 2, 3: 2}
     pool.give_back(2, [2, 3])
     assert pool.num_free == 4 and pool.owners() == {}
+
+
+def test_block_pool_hands_out_what_a_first_in_first_out_queue_would():
+    """Thousands of takes and give-backs on a small pool (its free list drops its taken front many times),
+    against a deque and a dict: the same blocks in the same order, the same owners, the same refusals."""
+    rng = np.random.default_rng(5)
+    pool, free, owners, held = BlockPool(50), deque(range(50)), {}, {}
+    for step in range(4000):
+        owner = int(rng.integers(0, 8))
+        kind = rng.integers(0, 3)
+        if kind == 0:
+            count = int(rng.integers(0, 20))
+            if count > len(free):
+                with pytest.raises(OutOfBlocks):
+                    pool.take(owner, count)
+            else:
+                expected = [free.popleft() for _ in range(count)]
+                assert pool.take(owner, count) == expected
+                owners.update(dict.fromkeys(expected, owner))
+                held.setdefault(owner, []).extend(expected)
+        elif kind == 1 and len(free) >= 3:
+            each = [owner, (owner + 1) % 8, owner]
+            expected = [free.popleft() for _ in each]
+            assert pool.take_each(each) == expected
+            owners.update(zip(expected, each))
+            for o, b in zip(each, expected):
+                held.setdefault(o, []).append(b)
+        elif held.get(owner):
+            mine = held[owner]
+            back = mine[: int(rng.integers(1, len(mine) + 1))]
+            if step % 7 == 0:  # someone else's block, or one given back twice: refused, nothing changes
+                other = next((held[o][0] for o in held if o != owner and held[o]), back[0])
+                with pytest.raises(RuntimeError):
+                    pool.give_back(owner, back + [other])
+            else:
+                pool.give_back(owner, back)
+                del mine[: len(back)]
+                free.extend(back)
+                for b in back:
+                    del owners[b]
+        assert pool.free_ids() == list(free) and pool.num_free == len(free)
+        assert pool.owners() == owners
+
+
+def test_each_batch_row_carries_its_requests_block_list():
+    """The block tables handed out, decode rows and prefill chunks alike (the latter joined from the requests'
+    lists when read), against the requests' own block lists at that moment: long prompts chunked over many
+    iterations, preempted mid-prompt and resumed with new blocks (recompute and swap), others arriving."""
+    for preemption, swap_blocks in ((PreemptKind.RECOMPUTE, 0), (PreemptKind.SWAP, 40)):
+        blocks = BlockManager(num_blocks=70, block_size=4, swap_blocks=swap_blocks)
+        sched = Scheduler(SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=24, preemption=preemption),
+                          blocks)
+        reqs = build_requests([RequestSpec(0, 40 + 37 * (i % 4), 20 + 9 * (i % 3)) for i in range(14)])
+        arrivals = {0: reqs[:2]} | {6 * k: [req] for k, req in enumerate(reqs[2:], start=1)}
+        chunks, preempted, it = Counter(), 0, 0
+        while any(not r.phase.terminal for r in reqs):
+            for req in arrivals.get(it, []):
+                sched.add(req, it)
+            if not sched.has_work():
+                it += 1
+                continue
+            d = sched.schedule(it)
+            tables = d.batch.block_tables
+            for (req, n), row in zip(d.work, tables):
+                assert row[: len(req.block_ids)].tolist() == req.block_ids, (it, req.request_id)
+                assert (row[len(req.block_ids):] == -1).all(), (it, req.request_id)
+                chunks[req.request_id] += n > 1
+            preempted += d.preempted
+            sched.postprocess(d, np.full(len(d.batch.sampled_ids), 7), it)
+            it += 1
+            assert it < 5000
+        assert preempted >= 3 and max(chunks.values()) >= 6, (preemption, preempted, chunks)
 
 
 def test_kv_counters_count_swaps_both_ways():
