@@ -50,7 +50,8 @@ CASES = [
      "norm2dSensitiveEnumE0EEEEENS_33Rmsnorm2dFwdPipelineDefaultPolicyEEENS_17Default2DEpilogueINS_24Default2DEpilogu"
      "eProblemIfDF16bLb1ELb0ELb0EEEvEEEEEEvT0_", "Rmsnorm2dFwd"),
     ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", "ncclKernel_AllReduce_RING_LL_Sum_float"),
-    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "ncclDevKernel_AllReduce_Sum_f32_RING_LL"),
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+     "ncclDevKernel_AllReduce_Sum_f32_RING_LL"),
     ("triton_poi_fused_constant_pad_nd_moe_forward_0", "triton_poi_fused_constant_pad_nd_moe_forward_0"),
     ("__amd_rocclr_copyBuffer", "__amd_rocclr_copyBuffer"),
     ("_matmul_ogs_NNT_bf16xbf16xmxfp4_16x128x256x1_swiglu", "_matmul_ogs_NNT_bf16xbf16xmxfp4_16x128x256x1_swiglu"),
