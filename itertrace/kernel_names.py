@@ -44,7 +44,7 @@ def _cut(text: str) -> str:
 
 
 def _demangled_base(name: str) -> str | None:
-    """The base name of a demangled C++ signature; None when `name` is not one (e.g. 'Memcpy DtoD (Device -> Device)')."""
+    """The base name of a demangled C++ signature; None for words that are none ('Memcpy DtoD (Device -> Device)')."""
     text = name.replace("(anonymous namespace)", "{anonymous}")
     params = _top_level(text, "(")
     head = text[:params] if params is not None else text
