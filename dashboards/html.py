@@ -47,6 +47,7 @@ p.intro { max-width: 820px; font-size: 14px; color: #333; }
 p.note { background: #f4f4f4; border-left: 4px solid #999; padding: 8px 12px; font-size: 13px; }
 p.simulated { background: #fff4d6; border-left: 4px solid #e0a800; padding: 8px 12px; font-weight: bold; }
 p.mapping { background: #e8f1fb; border-left: 4px solid #4c78a8; padding: 8px 12px; font-size: 13px; }
+p.mapping code { white-space: nowrap; }  /* a --param line stays whole */
 nav ol { columns: 3; font-size: 13px; padding-left: 20px; }
 table { border-collapse: collapse; font-size: 12px; margin: 4px 0 6px; }
 th, td { padding: 3px 9px; border-bottom: 1px solid #e4e4e4; text-align: left; white-space: nowrap; }

@@ -92,3 +92,31 @@ def test_kernels_chart_shows_short_names_and_keeps_the_full_one_for_the_tooltip(
     spec = chart.to_dict()
     assert spec["mark"]["type"] == "bar" and spec["encoding"]["y"]["field"] == "label"
     assert {"label", "name"} <= {t["field"] for t in spec["encoding"]["tooltip"]}
+
+
+def iterations(n: int, period: int = 10 * MS) -> pa.Table:
+    start = [i * period for i in range(n)]
+    return pa.table({"iteration": list(range(n)), "host_start_ns": start, "host_end_ns": [s + 2 * MS for s in start],
+                     "device_start_ns": [s + 3 * MS for s in start], "device_end_ns": [s + 8 * MS for s in start]})
+
+
+def test_gpu_time_chart_of_many_steps_bins_them_into_numbered_bands():
+    n = 10_000
+    chart = gpu_time_chart(idle([(0, MS, None, "outside")]), window(0, n * 10 * MS), iterations=iterations(n),
+                           origin_ns=0, max_steps=500).to_dict()
+    strip, area = chart["vconcat"]
+    assert area["encoding"]["x"]["title"] == "time since the capture started (s)"  # 100 s
+    (bands,) = [u for u in strip["layer"] if u["mark"]["type"] == "rect"]
+    assert len(strip["layer"]) == 1  # 500 bands: too many to number
+    rows = next(r for r in chart["datasets"].values() if "shade" in r[0])
+    host = sorted((r["start_s"], r["end_s"], r["step"]) for r in rows if r["lane"] == "host step")
+    assert len(host) == 500 and len(rows) == 1000
+    assert host[0] == (0.0, 0.192, "0–19") and host[-1] == (99.8, 99.992, "9980–9999")  # 20 steps a band
+    assert {t.get("title") for t in bands["encoding"]["tooltip"]} >= {"steps", "start (s)"}
+
+
+def test_gpu_time_chart_without_a_capture_start_counts_from_its_window():
+    chart = gpu_time_chart(idle([(5 * MS, 6 * MS, None, "outside")]), window(5 * MS, 15 * MS), max_points=40)
+    spec = chart.to_dict()
+    assert spec["encoding"]["x"]["title"] == "time since the window started (ms)"
+    assert spec["encoding"]["x"]["scale"]["domain"] == [0.0, 10.0]
