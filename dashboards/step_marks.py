@@ -68,5 +68,5 @@ def steps_strip(bands: pa.Table, axis: TimeAxis, domain: list[float], width_px: 
         layers.append(base.transform_filter(alt.datum.lane == LANES[0]).transform_calculate(
             label=label, lane=f"'{NUMBERS}'").mark_text(fontSize=10, color="#08306b", clip=True).encode(
             x=alt.X("mid:Q", axis=None, scale=alt.Scale(domain=domain, nice=False, zero=False)),
-            y=y, text="label:N", tooltip=tooltip))
+            y=y, text="label:N", tooltip=[tooltip[0], *tooltip[2:]]))  # its lane is no lane of the step
     return alt.layer(*layers).properties(width=width_px, height=14 * len(lanes))

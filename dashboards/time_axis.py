@@ -1,8 +1,8 @@
 """Time axes: instants counted from the capture's start, in milliseconds or, for a long capture, seconds.
 
 An nsys export counts every time from its session start, so the capture starts at 0. A PyTorch
-profiler trace keeps its profiler's clock: Unix time, or on ROCm a clock since the machine booted
-(3,676,599,940 ms into it on one vLLM trace), so its capture starts at the earliest instant it recorded.
+profiler trace keeps its profiler's clock, Unix time or a clock since the machine booted (below its
+baseTimeNanoseconds), so its capture starts at the earliest instant it recorded.
 """
 from __future__ import annotations
 

@@ -3,8 +3,8 @@ capture's start, the steps are marked, the banner names the engine and its steps
 
 The traces are written here: three vLLM steps 20 ms apart, each a `execute_context_0(0)_generation_8(8)`
 annotation (2 ms) launching one kernel (from 3 ms to 8 ms into the step), on three clocks a Kineto trace
-can carry: a clock since boot below baseTimeNanoseconds (as the ROCm vLLM trace in shared/serving_traces,
-which put 3,676,599,940 on a time axis), Unix time with no base, and times relative to the base.
+can carry: a clock since boot below baseTimeNanoseconds (as the vLLM trace in shared/serving_traces, whose
+axes read in the billions of ms before), Unix time with no base, and times relative to the base.
 """
 from __future__ import annotations
 
