@@ -5,8 +5,10 @@ chart; nothing shows or saves itself):
 
 - host_gap_chart(parts) / host_gap_iterations_chart(parts) / host_gap_distribution_chart(parts):
   host_gaps_parts, the gap per iteration stacked by phase and each phase's distribution over gaps
-- iteration_timeline_chart(iterations): host and device intervals per iteration (iterations)
-- gpu_time_chart(idle, gpu_time): each GPU's window binned over time by busy and idle kind (gpu_time_idle)
+- iteration_timeline_chart(iterations, origin_ns=None): host and device intervals per iteration (iterations)
+- gpu_time_chart(idle, gpu_time, iterations=None, origin_ns=None): each GPU's window binned over time by busy
+  and idle kind (gpu_time_idle), with a strip of the steps above it given `iterations`
+- capture_start_ns(db): the capture's start on its own clock, the `origin_ns` at which time axes read 0
 - idle_causes_chart(causes): GPU idle time by host cause, split by kind (gpu_time_causes)
 - kernels_chart(kernels): GPU operations by time (gpu_time_kernels)
 - membership_chart(membership, membership_iterations): iteration by slot, coloured by request
@@ -29,6 +31,7 @@ _HOMES = {
     "iteration_timeline_chart": "charts", "label_runs": "charts", "latency_cdf_chart": "charts",
     "gpu_time_chart": "charts", "idle_causes_chart": "charts", "kernels_chart": "charts",
     "membership_chart": "charts", "slot_time_chart": "charts",
+    "capture_start_ns": "time_axis",
     "Report": "report", "build_report": "report",
     "Written": "html", "render_html": "html", "write_report": "html",
 }

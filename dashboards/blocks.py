@@ -27,6 +27,7 @@ class TableBlock:
     title: str
     table: pa.Table
     caption: str = ""
+    hover: dict[str, str] = field(default_factory=dict)  # shown column -> column of its full text, shown on hover
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class Report:
     meta: pa.Table  # one row per run
     simulated: tuple[str, ...]  # labels of simulated runs
     sections: tuple[Section, ...]
-    mappings: tuple[str, ...] = ()  # one line per run whose iteration mapping auto chose, saying which
+    mappings: tuple[str, ...] = ()  # one line per capture: the steps its mapping found and how it was chosen
 
     def charts(self) -> list[ChartBlock]:
         return [b for s in self.sections for b in s.blocks if isinstance(b, ChartBlock)]
@@ -71,7 +72,8 @@ class RunData:
     capture: dict | None  # capture_meta's row; None without a trace
     iterations_in_trace: int
     gpu_ops: int = 0  # GPU operations in its capture
-    mapping_note: str | None = None  # which mapping preset=auto chose; None when the caller chose one
+    mapping_note: str | None = None  # the banner's line: which steps the mapping found, and how it was chosen
+    start_ns: int = 0  # when its capture started, on the capture's clock (time_axis.capture_start_ns)
 
     @property
     def has_log(self) -> bool:

@@ -1,8 +1,9 @@
 """Tables into chart data: accept Arrow or pandas, stack runs under a label, and bin or thin large inputs.
 
 Every chart function reduces its input here, in an in-memory DuckDB session over the Arrow table, so a
-chart embeds at most a few thousand rows whatever the size of the run. Times become milliseconds
-(`*_ms`, floats) on the way, since people read ms and Vega-Lite numbers are doubles.
+chart embeds at most a few thousand rows whatever the size of the run. Durations become milliseconds
+(`*_ms`, floats) on the way, since people read ms and Vega-Lite numbers are doubles; instants count from
+the capture's start (time_axis.py).
 """
 from __future__ import annotations
 
@@ -13,27 +14,12 @@ from typing import Any
 import altair as alt
 import duckdb
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401 (pa.compute)
 
 NS_PER_MS = 1_000_000
 
 # A table as the chart functions take it: a pyarrow Table, a pandas DataFrame, or anything that
 # speaks the Arrow C stream protocol (polars, a DuckDB relation).
 TableLike = Any
-
-
-# About three years in ns: times past it count from the Unix epoch, not from the capture's start (a
-# PyTorch profiler trace without baseTimeNanoseconds keeps its events' Unix times).
-EPOCH_NS = 10**17
-
-
-def time_origin(table: pa.Table, column: str) -> tuple[int, str]:
-    """Where a chart's time axis counts from, and the axis title: the capture's start (time 0), or the
-    earliest `column` of `table` where its times count from the Unix epoch."""
-    first = pa.compute.min(table.column(column)).as_py() if table.num_rows else None
-    if first is not None and first >= EPOCH_NS:
-        return first, "time since the first event shown (ms)"
-    return 0, "time since the capture started (ms)"
 
 
 def as_arrow(table: TableLike, columns: Sequence[str] = (), *, what: str = "table") -> pa.Table:

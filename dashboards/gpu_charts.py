@@ -4,8 +4,12 @@ from __future__ import annotations
 import enum
 
 import altair as alt
+import pyarrow as pa
 
-from itertrace.dashboards.chart_data import NS_PER_MS, TableLike, as_arrow, sql, sql_text, time_origin
+from itertrace.dashboards.chart_data import NS_PER_MS, TableLike, as_arrow, sql, sql_text
+from itertrace.dashboards.step_marks import step_bands, steps_strip
+from itertrace.dashboards.time_axis import time_axis
+from itertrace.kernel_names import short_kernel_name
 
 IDLE_COLUMNS = ("device_id", "global_pid", "start_ns", "end_ns", "kind")
 WINDOW_COLUMNS = ("device_id", "global_pid", "window_start_ns", "window_end_ns")
@@ -39,19 +43,24 @@ def _kind_rank() -> str:
     return ", ".join(f"({sql_text(k.value)}, {sql_text(KIND_TITLES[k])}, {i})" for i, k in enumerate(TimeKind))
 
 
-def gpu_time_chart(idle: TableLike, gpu_time: TableLike, *, max_points: int = 4000, width_px: int = 760,
-                   height_px: int = 160) -> alt.Chart:
+def gpu_time_chart(idle: TableLike, gpu_time: TableLike, *, iterations: TableLike | None = None,
+                   origin_ns: int | None = None, max_points: int = 4000, max_steps: int = 500, width_px: int = 760,
+                   height_px: int = 160) -> alt.Chart | alt.VConcatChart:
     """Each GPU's window over time, stacked by share busy and idle of each kind (gpu_time_idle and gpu_time).
 
     The window is cut into equal bins, as many as keep GPUs x kinds x bins under `max_points`; each
     bin shows the share of it the GPU spent busy and idle within, between and outside iterations
-    (an idle span across bins counts in each for its part). One row per GPU and process.
+    (an idle span across bins counts in each for its part). One row per GPU and process. Times count
+    from `origin_ns`, the capture's start (capture_start_ns), else from the window's start. With
+    `iterations`, a strip above marks each step's host step and device interval (step_marks.py).
     """
     spans = as_arrow(idle, IDLE_COLUMNS, what="gpu_time_idle").select(list(IDLE_COLUMNS))
     windows = as_arrow(gpu_time, WINDOW_COLUMNS, what="gpu_time").select(list(WINDOW_COLUMNS))
     gpus = max(1, windows.num_rows)
     bins = max(10, max_points // (gpus * len(TimeKind)))
-    origin, axis_title = time_origin(windows, "window_start_ns")
+    lo, hi = sql("SELECT min(window_start_ns), max(window_end_ns) FROM g", g=windows).to_pylist()[0].values()
+    axis = time_axis(lo, hi, origin_ns, "the window started")
+    start, end, unit = axis.field("start"), axis.field("end"), axis.unit
     data = sql(f"""
         WITH w AS (SELECT min(window_start_ns) AS lo, max(window_end_ns) AS hi,
                           greatest(1, ceil((max(window_end_ns) - min(window_start_ns)) / {bins}))::BIGINT AS width
@@ -77,27 +86,38 @@ def gpu_time_chart(idle: TableLike, gpu_time: TableLike, *, max_points: int = 40
                LEFT JOIN idle AS i USING (device_id, global_pid, bin, kind)
                LEFT JOIN idle_sums AS t USING (device_id, global_pid, bin))
         SELECT 'GPU ' || device_id::VARCHAR || ', pid ' || ((global_pid >> 24) & 16777215)::VARCHAR AS gpu,
-               (bin_lo - {origin}) / {NS_PER_MS} AS start_ms, (bin_hi - {origin}) / {NS_PER_MS} AS end_ms, title AS kind, kind_rank,
+               {axis.sql('bin_lo')} AS {start}, {axis.sql('bin_hi')} AS {end}, title AS kind, kind_rank,
                ns / (bin_hi - bin_lo) AS share, ns / {NS_PER_MS} AS ms
         FROM parts
-        ORDER BY gpu, start_ms, kind_rank""", s=spans, g=windows)
+        ORDER BY gpu, {start}, kind_rank""", s=spans, g=windows)
+    domain = [(lo - axis.origin_ns) / axis.ns_per_unit, (hi - axis.origin_ns) / axis.ns_per_unit] if lo is not None \
+        else None
+    bands = step_bands(iterations, axis, max_steps) if iterations is not None and domain else None
+    subtitle = [f"share of each of {bins} equal bins of the capture window; hover for a bin's times"]
+    if bands is not None:
+        subtitle.append("above: each step's host step (light) and device interval (dark), numbered"
+                        if bands.num_rows else "no steps to mark: no iteration range was found")
     titles = [KIND_TITLES[k] for k in TimeKind]
-    chart = alt.Chart(data, title=alt.Title(
-        "GPU time over the capture: busy, and idle by kind",
-        subtitle=f"share of each of {bins} equal bins of the capture window; hover for a bin's times")).mark_area(
-            interpolate="step-after").encode(
-        x=alt.X("start_ms:Q", title=axis_title, scale=alt.Scale(zero=False, nice=False)),
+    title = alt.Title("GPU time over the capture: busy, and idle by kind", subtitle=subtitle)
+    chart = alt.Chart(data).mark_area(interpolate="step-after").encode(
+        x=alt.X(f"{start}:Q", title=axis.title, scale=alt.Scale(domain=domain, zero=False, nice=False)
+                if domain else alt.Scale(zero=False, nice=False)),
         y=alt.Y("share:Q", stack="zero", title="share of the bin", axis=alt.Axis(format="%"),
                 scale=alt.Scale(domain=[0, 1])),
         color=alt.Color("kind:N", sort=titles, scale=kind_scale(), title=None),
         order=alt.Order("kind_rank:Q"),
         tooltip=[alt.Tooltip("gpu:N"), alt.Tooltip("kind:N"),
-                 alt.Tooltip("start_ms:Q", title="bin from (ms)", format=",.3f"),
-                 alt.Tooltip("end_ms:Q", title="bin to (ms)", format=",.3f"),
+                 alt.Tooltip(f"{start}:Q", title=f"bin from ({unit})", format=",.3f"),
+                 alt.Tooltip(f"{end}:Q", title=f"bin to ({unit})", format=",.3f"),
                  alt.Tooltip("share:Q", title="share of the bin", format=".1%"),
                  alt.Tooltip("ms:Q", title="time (ms)", format=",.3f")],
     ).properties(width=width_px, height=height_px)
-    return chart.encode(row=alt.Row("gpu:N", title=None)) if gpus > 1 else chart
+    if gpus > 1:
+        chart = chart.encode(row=alt.Row("gpu:N", title=None))
+    if bands is None or not bands.num_rows:
+        return chart.properties(title=title)
+    return alt.vconcat(steps_strip(bands, axis, domain, width_px), chart, spacing=4, title=title).resolve_scale(
+        x="shared", color="independent")
 
 
 def idle_causes_chart(causes: TableLike, *, max_causes: int = 12, width_px: int = 560) -> alt.Chart:
@@ -129,21 +149,34 @@ def idle_causes_chart(causes: TableLike, *, max_causes: int = 12, width_px: int 
 
 
 def kernels_chart(kernels: TableLike, *, max_kernels: int = 15, width_px: int = 560) -> alt.Chart:
-    """The GPU operations that took the most time, by name (gpu_time_kernels)."""
+    """The GPU operations that took the most time, by short name (short_kernel_name), the full one in the tooltip
+    (gpu_time_kernels)."""
     table = as_arrow(kernels, KERNEL_COLUMNS, what="gpu_time_kernels").select(list(KERNEL_COLUMNS))
     data = sql(f"""
-        SELECT kind, CASE WHEN length(name) > 70 THEN name[:67] || '...' ELSE name END AS label, name, ops,
-               total_ns / {NS_PER_MS} AS total_ms, share, mean_ns / {NS_PER_MS} AS mean_ms,
+        SELECT kind, name, ops, total_ns / {NS_PER_MS} AS total_ms, share, mean_ns / {NS_PER_MS} AS mean_ms,
                row_number() OVER (ORDER BY total_ns DESC, name) AS position
         FROM t QUALIFY position <= {int(max_kernels)} ORDER BY position""", t=table)
+    data = data.append_column("label", pa.array(distinct_labels(
+        [short_kernel_name(n) for n in data.column("name").to_pylist()]), pa.string()))
     return alt.Chart(data, title=alt.Title("GPU operations by time",
                                            subtitle="summed durations, over all GPUs")).mark_bar().encode(
         x=alt.X("total_ms:Q", title="time (ms)"),
         y=alt.Y("label:N", sort=alt.EncodingSortField("position"), title=None, axis=alt.Axis(labelLimit=420)),
         color=alt.Color("kind:N", title=None, scale=alt.Scale(domain=["kernel", "memcpy", "memset"],
                                                               range=["#4c78a8", "#72b7b2", "#b279a2"])),
-        tooltip=[alt.Tooltip("name:N"), alt.Tooltip("kind:N"), alt.Tooltip("ops:Q", format=","),
+        tooltip=[alt.Tooltip("label:N", title="short name"), alt.Tooltip("name:N", title="full name"),
+                 alt.Tooltip("kind:N"), alt.Tooltip("ops:Q", format=","),
                  alt.Tooltip("total_ms:Q", title="time (ms)", format=",.3f"),
                  alt.Tooltip("share:Q", title="share of all GPU operation time", format=".1%"),
                  alt.Tooltip("mean_ms:Q", title="mean (ms)", format=",.4f")],
     ).properties(width=width_px, height=max(60, 22 * data.num_rows))
+
+
+def distinct_labels(labels: list[str]) -> list[str]:
+    """`labels` with each repeat numbered ('reduce_kernel (variant 2)'), so that each stays its own bar or row."""
+    seen: dict[str, int] = {}
+    out = []
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+        out.append(label if seen[label] == 1 else f"{label} (variant {seen[label]})")
+    return out

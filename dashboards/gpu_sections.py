@@ -1,9 +1,13 @@
 """The report's GPU sections for captures with GPU work: GPU time, idle causes, kernels, repeating ranges."""
 from __future__ import annotations
 
+import pyarrow as pa
+
 from itertrace.dashboards import gpu_charts
 from itertrace.dashboards.blocks import ChartBlock, NoteBlock, RunData, Section, TableBlock
 from itertrace.dashboards.chart_data import label_runs
+from itertrace.dashboards.gpu_charts import distinct_labels
+from itertrace.kernel_names import short_kernel_name
 
 NO_GPU = "its capture holds no GPU work (no kernel, memcpy or memset)"
 TOP_ROWS = 10
@@ -57,10 +61,14 @@ def _gpu_time(runs: list[RunData], gpu: list[RunData]) -> Section:
                                      "shares of the capture window; top causes: what the host was doing during the "
                                      "GPU's idle time, as shares of it."))
     for r in gpu:
-        chart = gpu_charts.gpu_time_chart(r.db.query("gpu_time_idle"), r.db.query("gpu_time"))
+        steps = r.db.query("iterations") if "nvtx_ranges" not in r.db.missing else None
+        chart = gpu_charts.gpu_time_chart(r.db.query("gpu_time_idle"), r.db.query("gpu_time"), iterations=steps,
+                                          origin_ns=r.start_ns)
         section.blocks.append(ChartBlock(_name("gpu-time", runs, r), chart,
                                          "Green: busy. Orange, red, grey: idle within, between and outside iterations. "
-                                         "Each point is one bin of the window.", r.label if len(runs) > 1 else ""))
+                                         "Each point is one bin of the window." + (
+                                             " The strip above marks the steps: hover for a step's number and times."
+                                             if r.has_trace else ""), r.label if len(runs) > 1 else ""))
     return section
 
 
@@ -89,14 +97,30 @@ def _kernels(runs: list[RunData], gpu: list[RunData]) -> Section:
                       "The kernels (by short name), memcpys and memsets that took the most GPU time, over all GPUs; "
                       "their durations are summed, so work that overlaps on two streams counts twice here.",
                       _left_out(runs, gpu))
-    section.blocks.append(TableBlock("Top GPU operations", _stacked(gpu, _KERNELS),
-                                     "share: of the summed durations of all GPU operations."))
+    section.blocks.append(TableBlock("Top GPU operations", _short_names(_stacked(gpu, _KERNELS)),
+                                     "name: the kernel's short name (hover for the full one); share: of the summed "
+                                     "durations of all GPU operations.", hover={"name": "full_name"}))
     for r in gpu:
         section.blocks.append(ChartBlock(_name("gpu-kernels", runs, r),
                                          gpu_charts.kernels_chart(r.db.query("gpu_time_kernels")),
-                                         "Hover for the full name, count and mean duration.",
+                                         "Kernels by short name; hover for the full name, count and mean duration.",
                                          r.label if len(runs) > 1 else ""))
     return section
+
+
+def _short_names(table: pa.Table) -> pa.Table:
+    """gpu_time_kernels rows with each kernel's short name in `name` (a repeat within a run numbered, as the
+    chart numbers it) and its full name in `full_name`."""
+    names = table.column("name").to_pylist()
+    runs = table.column("run").to_pylist() if "run" in table.column_names else [None] * len(names)
+    short = [short_kernel_name(n) for n in names]
+    for run in set(runs):
+        rows = [i for i, r in enumerate(runs) if r == run]
+        for i, label in zip(rows, distinct_labels([short[i] for i in rows])):
+            short[i] = label
+    at = table.column_names.index("name")
+    return table.set_column(at, "name", pa.array(short, pa.string())).append_column(
+        "full_name", pa.array(names, pa.string()))
 
 
 def _repeating(runs: list[RunData], gpu: list[RunData], why: str = NO_GPU) -> Section:

@@ -11,6 +11,7 @@ import html
 import json
 import math
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from functools import cache
@@ -46,6 +47,7 @@ p.intro { max-width: 820px; font-size: 14px; color: #333; }
 p.note { background: #f4f4f4; border-left: 4px solid #999; padding: 8px 12px; font-size: 13px; }
 p.simulated { background: #fff4d6; border-left: 4px solid #e0a800; padding: 8px 12px; font-weight: bold; }
 p.mapping { background: #e8f1fb; border-left: 4px solid #4c78a8; padding: 8px 12px; font-size: 13px; }
+p.mapping code { white-space: nowrap; }  /* a --param line stays whole */
 nav ol { columns: 3; font-size: 13px; padding-left: 20px; }
 table { border-collapse: collapse; font-size: 12px; margin: 4px 0 6px; }
 th, td { padding: 3px 9px; border-bottom: 1px solid #e4e4e4; text-align: left; white-space: nowrap; }
@@ -53,6 +55,8 @@ th { background: #f2f2f2; font-weight: 600; }
 /* long text (kernel names, causes, --param lines) wraps inside its cell instead of widening the page */
 td:not(.num) { white-space: normal; overflow-wrap: anywhere; max-width: 440px; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
+td[title] { text-decoration: underline dotted #999; cursor: help; }  /* hover for the full name */
+code { font-family: Menlo, Consolas, monospace; font-size: 12px; background: rgba(0, 0, 0, 0.05); padding: 0 2px; }
 tbody tr:nth-child(even) { background: #fafafa; }
 div.scroll { overflow-x: auto; }
 p.caption, figcaption { font-size: 12px; color: #555; max-width: 820px; margin: 2px 0 10px; }
@@ -135,22 +139,33 @@ def format_cell(column: str, value: object) -> tuple[str, bool]:
     return str(value), False
 
 
+def with_code(text: str) -> str:
+    """`text` as HTML, its `backticked` parts as code."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+
+
 def column_title(column: str) -> str:
     """A column name for people: `gap_p50_ns` becomes `gap p50 (ms)`."""
     return (column[:-3] + " (ms)" if column.endswith("_ns") else column).replace("_", " ")
 
 
-def table_html(table: pa.Table) -> str:
-    """A table; columns with no value in any row are left out."""
+def table_html(table: pa.Table, hover: dict[str, str] | None = None) -> str:
+    """A table; columns with no value in any row are left out. `hover` maps a shown column to the column holding
+    each cell's full text (a kernel's full name), shown on hover and not as a column of its own."""
+    hover = hover or {}
+    full = {c: table.column(h).to_pylist() for c, h in hover.items()}
+    table = table.drop_columns(list(set(hover.values())))
     empty = [c for c in table.column_names if table.num_rows and table.column(c).null_count == table.num_rows]
     table = table.drop_columns(empty)
     head = "".join(f"<th>{html.escape(column_title(c))}</th>" for c in table.column_names)
     rows = []
-    for row in table.to_pylist():
+    for i, row in enumerate(table.to_pylist()):
         cells = []
         for c in table.column_names:
             text, numeric = format_cell(c, row[c])
-            cells.append(f'<td class="num">{html.escape(text)}</td>' if numeric else f"<td>{html.escape(text)}</td>")
+            title = full[c][i] if c in full and full[c][i] not in (None, row[c]) else None
+            attrs = (' class="num"' if numeric else "") + (f' title="{html.escape(title)}"' if title else "")
+            cells.append(f"<td{attrs}>{html.escape(text)}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     if not rows:
         rows.append(f'<tr><td colspan="{len(table.column_names)}">no rows</td></tr>')
@@ -174,19 +189,19 @@ def render_html(report: Report, specs: list[dict] | None = None) -> str:
         out.append(f'<p class="simulated">Simulated: {esc(", ".join(report.simulated))} ran on the cost-model runner; '
                    "their times come from a model, not a machine.</p>")
     for line in report.mappings:
-        out.append(f'<p class="mapping">{esc(line[0].upper() + line[1:])}</p>')
+        out.append(f'<p class="mapping">{with_code(line)}</p>')
     out.append('<nav><ol><li><a href="#runs">Runs</a></li>' + "".join(
         f'<li><a href="#{s.id}">{esc(s.title)}</a></li>' for s in report.sections) + "</ol></nav>")
     out.append('<section id="runs"><h2>Runs</h2>' + table_html(report.meta) + "</section>")
     for section in report.sections:
         out.append(f'<section id="{section.id}"><h2>{esc(section.title)}</h2>')
         if section.intro:
-            out.append(f'<p class="intro">{esc(section.intro)}</p>')
+            out.append(f'<p class="intro">{with_code(section.intro)}</p>')
         for block in section.blocks:
             if isinstance(block, NoteBlock):
-                out.append(f'<p class="note">{esc(block.text)}</p>')
+                out.append(f'<p class="note">{with_code(block.text)}</p>')
             elif isinstance(block, TableBlock):
-                out.append(f"<h3>{esc(block.title)}</h3>" + table_html(block.table))
+                out.append(f"<h3>{esc(block.title)}</h3>" + table_html(block.table, block.hover))
                 if block.caption:
                     out.append(f'<p class="caption">{esc(block.caption)}</p>')
             elif isinstance(block, ChartBlock):

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from itertrace.dashboards.banner import mapping_line
 from itertrace.dashboards.blocks import Block, ChartBlock, NoteBlock, Report, RunData, Section, TableBlock
 from itertrace.dashboards.sections import sections
+from itertrace.dashboards.time_axis import capture_start_ns
 from itertrace.errors import UserError
 from itertrace.queries.api import NOT_INGESTED, QueryDB
 from itertrace.queries.catalog import SOURCE_TABLES
@@ -54,8 +56,11 @@ def _open(dbs: Sequence[str | Path], labels: Sequence[str] | None, params: dict[
                 raise UserError(f"{path}: {NOT_INGESTED}; nothing to report")
             if "nvtx_ranges" not in db.missing:
                 db.sql("SELECT * FROM mapping")  # an incomplete mapping fails here, in one line
-            runs.append(RunData("", Path(path), db, _one_row(db, "run_meta"), _one_row(db, "capture_meta"), 0,
-                                mapping_note=db.mapping_choice.note if db.mapping_choice else None))
+            capture = _one_row(db, "capture_meta")
+            runs.append(RunData("", Path(path), db, _one_row(db, "run_meta"), capture, 0,
+                                mapping_note=mapping_line(db, Path(path), capture.get("source_kind"))
+                                if capture else None,
+                                start_ns=capture_start_ns(db) if capture else 0))
             if "nvtx_ranges" not in db.missing:
                 runs[-1].iterations_in_trace = int(db.sql("SELECT count(*) AS n FROM iterations").column(0)[0].as_py())
                 runs[-1].gpu_ops = int(db.sql("SELECT count(*) AS n FROM gpu_ops").column(0)[0].as_py())

@@ -114,12 +114,13 @@ def _timeline(runs: list[RunData]) -> Section | None:
         return None
     section = Section("timeline", "Iteration timeline",
                       "Each iteration's host interval (its step range) and device interval (the GPU work it "
-                      "launched, or on a CPU run its forward range) on the capture's clock. White space in the "
-                      "device lane is a host gap. Drag to pan and scroll to zoom; the first view shows the first "
-                      "iterations.")
+                      "launched, or on a CPU run its forward range), in time since the capture started. White space "
+                      "in the device lane is a host gap. Drag to pan and scroll to zoom; the first view shows the "
+                      "first iterations.")
     for r in traced:
         section.blocks.append(ChartBlock(
-            _name("timeline", runs, r), charts.iteration_timeline_chart(r.db.query("iterations")),
+            _name("timeline", runs, r),
+            charts.iteration_timeline_chart(r.db.query("iterations"), origin_ns=r.start_ns),
             "Host step (light) and device interval (dark) per iteration.", _heading(runs, r)))
     return section
 

@@ -13,8 +13,8 @@ from itertrace.dashboards.chart_data import (
     iteration_span,
     sql,
     sql_text,
-    time_origin,
 )
+from itertrace.dashboards.time_axis import time_axis
 
 UNATTRIBUTED = "unattributed"
 OTHER_PHASES = "other phases"
@@ -175,18 +175,23 @@ def host_gap_chart(parts: TableLike, *, max_rows: int = 4000, max_phases: int = 
     ).resolve_scale(color="independent")
 
 
-def iteration_timeline_chart(iterations: TableLike, *, max_iterations: int = 2000, first_iteration: int | None = None,
-                             window_iterations: int = 25, width_px: int = 760) -> alt.Chart:
+def iteration_timeline_chart(iterations: TableLike, *, origin_ns: int | None = None, max_iterations: int = 2000,
+                             first_iteration: int | None = None, window_iterations: int = 25,
+                             width_px: int = 760) -> alt.Chart:
     """Host (step range) and device intervals of each iteration on one time axis: a gap is white space.
 
     Drag to pan, scroll to zoom; the first view spans `window_iterations` iterations. At most
     `max_iterations` iterations are embedded: above that, the chart holds the window of that many
     iterations from `first_iteration` (default: the first), and its title says which of how many.
+    Times count from `origin_ns`, the capture's start (capture_start_ns), else from the first step.
     """
     table = as_arrow(iterations, ITERATIONS_COLUMNS, what="iterations").select(list(ITERATIONS_COLUMNS))
     total = table.num_rows
     start = "(SELECT min(iteration) FROM t)" if first_iteration is None else str(int(first_iteration))
-    origin, axis_title = time_origin(table, "host_start_ns")
+    first_ns, last_ns = sql("SELECT min(host_start_ns) AS lo, max(greatest(host_end_ns, device_end_ns)) AS hi FROM t",
+                            t=table).to_pylist()[0].values()
+    axis = time_axis(first_ns, last_ns, origin_ns, "the first step started")
+    at, to, unit = axis.field("start"), axis.field("end"), axis.unit
     data = sql(f"""
         WITH kept AS (SELECT * FROM t WHERE iteration >= {start} ORDER BY iteration LIMIT {int(max_iterations)}),
              tracks AS (SELECT count(DISTINCT global_tid) AS n FROM kept),
@@ -197,7 +202,7 @@ def iteration_timeline_chart(iterations: TableLike, *, max_iterations: int = 200
                SELECT global_tid, iteration, 'device', 1, device_start_ns, device_end_ns FROM kept)
         SELECT CASE WHEN (SELECT n FROM tracks) > 1 THEN 'thread ' || global_tid::VARCHAR || ' ' ELSE '' END
                  || lane AS lane,
-               iteration, (start_ns - {origin}) / {NS_PER_MS} AS start_ms, (end_ns - {origin}) / {NS_PER_MS} AS end_ms,
+               iteration, {axis.sql('start_ns')} AS {at}, {axis.sql('end_ns')} AS {to},
                (end_ns - start_ns) / {NS_PER_MS} AS dur_ms
         FROM lanes WHERE start_ns IS NOT NULL AND end_ns IS NOT NULL
         ORDER BY global_tid, lane_rank, start_ns""", t=table)
@@ -208,21 +213,22 @@ def iteration_timeline_chart(iterations: TableLike, *, max_iterations: int = 200
         subtitle.append(f"iterations {shown[0]} to {shown[-1]} of {total} shown" if shown else "no iterations shown")
     domain = None
     if shown:
-        window = sql(f"""SELECT min(start_ms) AS lo, max(end_ms) AS hi FROM d
+        window = sql(f"""SELECT min({at}) AS lo, max({to}) AS hi FROM d
                          WHERE iteration < {shown[min(window_iterations, len(shown)) - 1] + 1}""", d=data)
         lo, hi = window.to_pylist()[0].values()
-        domain = [lo - 0.01 * (hi - lo), hi + 0.01 * (hi - lo)]
+        margin = 0.01 * (hi - lo)
+        domain = [lo - margin if lo < 0 or lo - margin >= 0 else 0.0, hi + margin]  # never before the capture
     lanes = sorted(set(data.column("lane").to_pylist()), key=lambda s: (not s.endswith("step"), s))
     zoom = alt.selection_interval(bind="scales", encodings=["x"])
     return alt.Chart(data, title=alt.Title(title, subtitle=subtitle)).mark_bar(
             clip=True, stroke="white", strokeWidth=0.5).encode(
-        x=alt.X("start_ms:Q", title=axis_title,
+        x=alt.X(f"{at}:Q", title=axis.title,
                 scale=alt.Scale(domain=domain, zero=False, nice=False) if domain else alt.Scale(zero=False)),
-        x2="end_ms:Q",
+        x2=f"{to}:Q",
         y=alt.Y("lane:N", sort=lanes, title=None, axis=alt.Axis(labelLimit=0)),  # 'thread <global tid> device' in full
         color=alt.Color("lane:N", sort=lanes, legend=None,
                         scale=alt.Scale(domain=lanes, range=["#9ecae9" if "host" in s else "#4c78a8" for s in lanes])),
         tooltip=[alt.Tooltip("iteration:Q"), alt.Tooltip("lane:N"),
-                 alt.Tooltip("start_ms:Q", title="start (ms)", format=",.3f"),
+                 alt.Tooltip(f"{at}:Q", title=f"start ({unit})", format=",.3f"),
                  alt.Tooltip("dur_ms:Q", title="duration (ms)", format=",.3f")],
     ).add_params(zoom).properties(width=width_px, height=40 * max(2, len(lanes)))

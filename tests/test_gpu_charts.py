@@ -71,12 +71,52 @@ def test_idle_causes_chart_keeps_the_largest_causes_split_by_kind():
     assert sum(r["ms"] for r in rows if r["cause"] == "unattributed (unattributed)") == 6.0
 
 
-def test_kernels_chart_shortens_long_names_and_keeps_the_full_one_for_the_tooltip():
-    long = "void cutlass::Kernel<" + "x" * 100 + ">"
-    kernels = pa.table({"kind": ["kernel", "memcpy"], "name": [long, "[CUDA memcpy Host-to-Device]"], "ops": [3, 1],
-                        "total_ns": [9 * MS, MS], "share": [0.9, 0.1], "mean_ns": [3 * MS, MS]})
+FLASH = ("void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 64, 64, 4, false, false, cutlass::half_t, "
+         "Flash_kernel_traits<128, 64, 64, 4, cutlass::half_t> >, false, true, false, false, true, true, false, "
+         "false>(Flash_fwd_params)")
+
+
+def test_kernels_chart_shows_short_names_and_keeps_the_full_one_for_the_tooltip():
+    reduce = "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float>, " \
+             "unsigned int, float, 4> >(at::native::ReduceOp<float, at::native::MeanOps<float, float>, unsigned int, " \
+             "float, 4>)"
+    kernels = pa.table({"kind": ["kernel", "memcpy", "kernel", "kernel"],
+                        "name": [FLASH, "[CUDA memcpy Host-to-Device]", reduce, reduce.replace("512", "128")],
+                        "ops": [3, 1, 2, 2], "total_ns": [9 * MS, 4 * MS, 3 * MS, 2 * MS],
+                        "share": [0.5, 0.2, 0.2, 0.1], "mean_ns": [3 * MS, 4 * MS, MS, MS]})
     chart = kernels_chart(kernels)
     rows = dataset(chart)
-    assert [r["label"] for r in rows] == [long[:67] + "...", "[CUDA memcpy Host-to-Device]"]
-    assert rows[0]["name"] == long and rows[0]["total_ms"] == 9.0
-    assert chart.to_dict()["mark"]["type"] == "bar"
+    assert [r["label"] for r in rows] == ["flash_fwd_kernel", "[CUDA memcpy Host-to-Device]", "reduce_kernel",
+                                          "reduce_kernel (variant 2)"]  # two bars, not one
+    assert rows[0]["name"] == FLASH and rows[0]["total_ms"] == 9.0
+    spec = chart.to_dict()
+    assert spec["mark"]["type"] == "bar" and spec["encoding"]["y"]["field"] == "label"
+    assert {"label", "name"} <= {t["field"] for t in spec["encoding"]["tooltip"]}
+
+
+def iterations(n: int, period: int = 10 * MS) -> pa.Table:
+    start = [i * period for i in range(n)]
+    return pa.table({"iteration": list(range(n)), "host_start_ns": start, "host_end_ns": [s + 2 * MS for s in start],
+                     "device_start_ns": [s + 3 * MS for s in start], "device_end_ns": [s + 8 * MS for s in start]})
+
+
+def test_gpu_time_chart_of_many_steps_bins_them_into_numbered_bands():
+    n = 10_000
+    chart = gpu_time_chart(idle([(0, MS, None, "outside")]), window(0, n * 10 * MS), iterations=iterations(n),
+                           origin_ns=0, max_steps=500).to_dict()
+    strip, area = chart["vconcat"]
+    assert area["encoding"]["x"]["title"] == "time since the capture started (s)"  # 100 s
+    (bands,) = [u for u in strip["layer"] if u["mark"]["type"] == "rect"]
+    assert len(strip["layer"]) == 1  # 500 bands: too many to number
+    rows = next(r for r in chart["datasets"].values() if "shade" in r[0])
+    host = sorted((r["start_s"], r["end_s"], r["step"]) for r in rows if r["lane"] == "host step")
+    assert len(host) == 500 and len(rows) == 1000
+    assert host[0] == (0.0, 0.192, "0–19") and host[-1] == (99.8, 99.992, "9980–9999")  # 20 steps a band
+    assert {t.get("title") for t in bands["encoding"]["tooltip"]} >= {"steps", "start (s)"}
+
+
+def test_gpu_time_chart_without_a_capture_start_counts_from_its_window():
+    chart = gpu_time_chart(idle([(5 * MS, 6 * MS, None, "outside")]), window(5 * MS, 15 * MS), max_points=40)
+    spec = chart.to_dict()
+    assert spec["encoding"]["x"]["title"] == "time since the window started (ms)"
+    assert spec["encoding"]["x"]["scale"]["domain"] == [0.0, 10.0]

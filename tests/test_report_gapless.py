@@ -17,7 +17,8 @@ CPU_ONLY = Path(__file__).parents[1] / ".." / "shared" / "kineto_samples" / "cpu
 def test_iterations_without_a_device_interval_get_a_note_not_empty_gap_charts(tmp_path):
     db = ingest([CPU_ONLY], tmp_path / "cpu.duckdb").db
     report = build_report([db])
-    assert "auto chose" in report.mappings[0]  # it has iterations: gloo:all_reduce repeats
+    assert report.mappings[0].startswith("Steps of the best suggested range: 10 steps on 2 threads, numbered 0 to 4, "
+                                         "each a range named `gloo:all_reduce`")  # it has iterations: it repeats
     gaps = next(s for s in report.sections if s.id == "host-gaps")
     assert [type(b).__name__ for b in gaps.blocks] == ["NoteBlock"]
     assert "no device interval" in gaps.blocks[0].text and "device_pattern" in gaps.blocks[0].text

@@ -57,11 +57,15 @@ def test_report_without_parameters_answers_on_every_capture(capture_dbs, name):
     else:  # no GPU work and no iteration range: which ranges repeat, instead of nothing
         assert not set(GPU_SECTIONS[:3]) & set(ids) and ids[:2] == ["nvtx-ranges", "host-gaps"]
         assert [type(b).__name__ for b in report.sections[0].blocks] in (["TableBlock"], ["NoteBlock"])
-    assert len(report.mappings) == 1 and report.mappings[0].startswith("mapping: auto ")
-    assert ("auto chose" in report.mappings[0]) == mapped
+    assert len(report.mappings) == 1
+    assert report.mappings[0].startswith("No steps: ") != mapped
+    if mapped:  # the range auto took: the best suggestion, since no engine preset's range is in these captures
+        assert report.mappings[0].startswith("Steps of the best suggested range: ")
+        assert "mapping chosen automatically; the same explicitly: `--param preset=generic --param step_pattern=" \
+            in report.mappings[0]
 
 
-def test_cpu_samples_keep_todays_sections_and_say_which_mapping_auto_chose(sample_dbs, tmp_path):
+def test_cpu_samples_keep_todays_sections_and_name_the_steps_auto_chose(sample_dbs, tmp_path):
     out = tmp_path / "report.html"
     assert main(["report", "--db", str(sample_dbs["static"]), "-o", str(out), "--quiet"]) == 0
     page = out.read_text()
@@ -70,8 +74,9 @@ def test_cpu_samples_keep_todays_sections_and_say_which_mapping_auto_chose(sampl
         "log-vs-trace"]
     assert re.findall(r'<div class="chart" id="chart-\d+" data-spec="spec-\d+" data-name="([^"]+)"', page) == [
         "host-gaps", "timeline", "membership", "slot-time", "active-tokens", "latency-cdf", "fairness-progress"]
-    assert ('<p class="mapping">Mapping: auto chose this engine&#x27;s `step` ranges: 544 step ranges named '
-            "&#x27;step&#x27; (the same explicitly: --param preset=itertrace)</p>") in page
+    assert ("<p class=\"mapping\">itertrace&#x27;s reference engine (NVTX ranges): 544 steps, numbered 0 to 543, each "
+            "a range named <code>step</code>; mapping chosen automatically; the same explicitly: "
+            "<code>--param preset=itertrace</code>.</p>") in page
 
 
 @shared
