@@ -54,6 +54,7 @@ class Report:
     simulated: tuple[str, ...]  # labels of simulated runs
     sections: tuple[Section, ...]
     mappings: tuple[str, ...] = ()  # one line per run whose iteration mapping auto chose, saying which
+    meta_title: str = "Runs"  # the heading of `meta`
 
     def charts(self) -> list[ChartBlock]:
         return [b for s in self.sections for b in s.blocks if isinstance(b, ChartBlock)]

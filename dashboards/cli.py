@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      "agree (when it holds both). The page inlines its JavaScript and needs no network. Sections a "
                      "database cannot fill are replaced by a note."),
     )
-    parser.add_argument("--db", action="append", required=True, type=Path, metavar="FILE",
+    parser.add_argument("--db", action="append", type=Path, metavar="FILE",
                         help="database made by `itertrace ingest`; repeat to compare runs")
     parser.add_argument("--label", action="append", metavar="NAME",
                         help="name of each --db's run, in the same order (default: what differs between the runs)")
@@ -34,6 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="a query parameter for every database, e.g. preset=generic and "
                              "step_pattern='^decode_step_\\d+$' for another program's trace (repeatable)")
     parser.add_argument("--quiet", action="store_true", help="print nothing on success")
+    from itertrace.dashboards.fleet_cli import add_fleet_options
+
+    add_fleet_options(parser)
     parser.set_defaults(func=run)
 
 
@@ -43,6 +46,10 @@ def run(args: argparse.Namespace) -> int:
     from itertrace.dashboards.report import build_report
 
     started = time.perf_counter()
+    if args.fleet is not None or not args.db:
+        from itertrace.dashboards.fleet_cli import run_fleet_report
+
+        return run_fleet_report(args, started)
     from itertrace.queries.cli import parse_params
 
     from itertrace.targets import Kind, remove_leftovers, replaceable, write_failure
