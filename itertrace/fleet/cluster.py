@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -99,8 +101,9 @@ def fleet_client(options: ClusterOptions, fleet_root: Path | None = None,
             if fleet_root is not None:
                 check_shared(client, fleet_root, inputs)
         else:
-            cluster = LocalCluster(n_workers=options.local_workers(), threads_per_worker=1, processes=True,
-                                   dashboard_address=None, silence_logs=logging.ERROR)
+            with _interrupts_not_inherited():
+                cluster = LocalCluster(n_workers=options.local_workers(), threads_per_worker=1, processes=True,
+                                       dashboard_address=None, silence_logs=logging.ERROR)
             client = Client(cluster, set_as_default=False)
         yield client
     finally:
@@ -108,6 +111,21 @@ def fleet_client(options: ClusterOptions, fleet_root: Path | None = None,
             client.close(timeout=CLOSE_TIMEOUT_S)
         if cluster is not None:
             cluster.close(timeout=CLOSE_TIMEOUT_S)
+
+
+@contextmanager
+def _interrupts_not_inherited() -> Iterator[None]:
+    """SIGINT ignored while the local cluster starts its processes, which keep it ignored (an ignored signal stays
+    ignored across exec, and Python then installs no handler): Ctrl-C on a terminal reaches every process of its
+    group, and the workers are this command's to stop, as it does when the signal reaches it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def check_shared(client, fleet_root: Path, inputs: tuple[Path, ...]) -> None:

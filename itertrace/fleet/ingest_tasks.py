@@ -37,6 +37,10 @@ class IngestJob:
     db: str
     settings: IngestSettings
 
+    def is_done(self) -> bool:
+        """Whether the capture's database exists and is newer than every file of the capture."""
+        return is_done(tuple(Path(s) for s in self.sources), Path(self.db))
+
 
 @dataclass(frozen=True)
 class IngestOutcome:
@@ -47,6 +51,7 @@ class IngestOutcome:
     rows: int = 0
     seconds: float | None = None
     worker: str = ""  # host:pid of the process that ran it
+    found_done: bool = False  # its database was there already, newer than the capture: nothing was done
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,10 @@ class FleetIngest:
 
 
 def ingest_capture(job: IngestJob) -> IngestOutcome:
-    """The task: ingest one capture into its database; any error comes back as one line."""
+    """The task: ingest one capture into its database; any error comes back as one line.
+
+    A task Dask runs again finds the database it made done, and does nothing: Dask runs a finished task
+    again where the worker holding its result died before the result was fetched."""
     from itertrace.ingest import IngestOptions, default_loaders, ingest
 
     started = time.monotonic()
@@ -70,6 +78,8 @@ def ingest_capture(job: IngestJob) -> IngestOutcome:
     if missing is not None:
         return IngestOutcome(job.name, f"{missing}: not found on worker {worker}; the workers must see the captures "
                                        "at the same paths as the machine that runs `fleet ingest`", worker=worker)
+    if job.is_done():
+        return IngestOutcome(job.name, None, worker=worker, found_done=True)
     options = IngestOptions(memory_limit=job.settings.memory_limit, threads=job.settings.threads)
     try:
         Path(job.db).parent.mkdir(parents=True, exist_ok=True)
@@ -87,13 +97,13 @@ def one_line(text: str) -> str:
     return lines[0] if lines else text
 
 
-def is_done(capture: Capture, db: Path) -> bool:
-    """Whether the capture's database exists and is newer than every file of the capture."""
+def is_done(sources: tuple[Path, ...], db: Path) -> bool:
+    """Whether the database exists and is newer than every file of the capture's sources."""
     try:
         made = db.stat().st_mtime
     except FileNotFoundError:
         return False
-    return made >= max(_newest(p) for p in capture.sources)
+    return made >= max(_newest(p) for p in sources)
 
 
 def _newest(path: Path) -> float:
@@ -117,7 +127,7 @@ def ingest_fleet(captures: list[Capture], fleet: Fleet, client, *, rules: PathRu
         entry = Entry(capture.name, str(capture.source), str(capture.run_dir) if capture.run_dir else None, "done",
                       None, rules.rank(capture), rules.group(capture), None)
         db = fleet.database(capture.name)
-        if is_done(capture, db):
+        if is_done(capture.sources, db):
             before = entries.get(capture.name)
             entries[capture.name] = dataclasses.replace(entry, ingest_s=before.ingest_s if before else None)
             skipped += 1
