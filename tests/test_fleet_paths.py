@@ -170,3 +170,18 @@ def test_the_progress_line_counts_done_failed_and_left(tty):
 def test_the_fleet_is_a_fleet_of_its_own_folder(tmp_path):
     assert Fleet(tmp_path).database("a/b.json.gz") == tmp_path / "captures" / "a" / "b.json.gz.duckdb"
     assert Fleet(tmp_path).report("a/b.json.gz") == tmp_path / "reports" / "a" / "b.json.gz.html"
+
+
+def test_the_manual_names_every_column_and_the_readme_links_it():
+    from itertrace.fleet.layout import MANIFEST_COLUMNS
+    from itertrace.fleet.reduce import TABLES
+
+    root = Path(__file__).parents[1]
+    manual = (root / "docs" / "fleet.md").read_text()
+    for table, (_, columns) in TABLES.items():
+        assert f"`{table}`" in manual
+        for column in columns:
+            assert f"`{column}`" in manual, (table, column)
+    for column in MANIFEST_COLUMNS:
+        assert f"`{column}`" in manual, column
+    assert "(docs/fleet.md)" in (root / "README.md").read_text()
