@@ -31,6 +31,8 @@ def run_fleet_report(args: argparse.Namespace, started: float) -> int:
         raise UserError("report: give --db FILE (a run's database), or --fleet FLEET (a fleet's page)")
     if args.db:
         raise UserError("report: give --db or --fleet, not both")
+    if args.label:
+        raise UserError("report: --label names the runs of --db; a fleet's captures are named by their paths")
     from itertrace.dashboards.fleet_report import (ReportOutcome, build_fleet_report, check_summary, report_jobs,
                                                    write_capture_report)
     from itertrace.dashboards.html import write_report
@@ -39,6 +41,9 @@ def run_fleet_report(args: argparse.Namespace, started: float) -> int:
     from itertrace.fleet.runner import TaskProgress, run_tasks
     from itertrace.targets import Kind, remove_leftovers, replaceable, write_failure
 
+    from itertrace.queries.cli import parse_params
+
+    params = tuple(sorted(parse_params(args.param).items()))
     options = ClusterOptions(scheduler=args.scheduler, workers=args.workers)
     if options.scheduler:
         check_answers(options.scheduler)
@@ -50,7 +55,7 @@ def run_fleet_report(args: argparse.Namespace, started: float) -> int:
     with held(fleet):
         done = sorted(e.capture for e in read_manifest(fleet).values()
                       if e.status == "done" and fleet.database(e.capture).is_file())
-        jobs = [] if args.no_capture_reports else report_jobs(fleet, done)
+        jobs = [] if args.no_capture_reports else report_jobs(fleet, done, params)
         if jobs:
             progress = TaskProgress("capture reports", len(jobs), enabled=not args.quiet)
             progress.start()

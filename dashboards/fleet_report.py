@@ -31,6 +31,7 @@ class ReportJob:
     name: str
     db: str
     out: str
+    params: tuple[tuple[str, str], ...] = ()  # query parameters, e.g. the mapping's
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,8 @@ def write_capture_report(job: ReportJob) -> ReportOutcome:
         out.parent.mkdir(parents=True, exist_ok=True)
         out = replaceable(out, Kind.REPORT, "report")
         remove_leftovers(out)
-        write_report(build_report([job.db], [job.name], title=f"itertrace report: {job.name}"), out)
+        write_report(build_report([job.db], [job.name], title=f"itertrace report: {job.name}",
+                                  params=dict(job.params)), out)
     except UserError as exc:
         return ReportOutcome(job.name, one_line(str(exc)))
     except Exception as exc:  # noqa: BLE001 - one capture's report failing leaves the others
@@ -59,13 +61,13 @@ def write_capture_report(job: ReportJob) -> ReportOutcome:
     return ReportOutcome(job.name, None)
 
 
-def report_jobs(fleet: Fleet, captures: list[str]) -> list[ReportJob]:
+def report_jobs(fleet: Fleet, captures: list[str], params: tuple[tuple[str, str], ...] = ()) -> list[ReportJob]:
     """The captures whose report is missing or older than their database."""
     jobs = []
     for name in captures:
         db, out = fleet.database(name), fleet.report(name)
         if not out.is_file() or out.stat().st_mtime < db.stat().st_mtime:
-            jobs.append(ReportJob(name, str(db), str(out)))
+            jobs.append(ReportJob(name, str(db), str(out), params))
     return jobs
 
 
