@@ -161,7 +161,9 @@ def _ranks(con: duckdb.DuckDBPyConnection) -> Section:
                top_cause, top_cause_share, iterations, iteration_p50_ns, iteration_p99_ns, host_gap_share
         FROM ranks WHERE device_id IS NOT NULL
         ORDER BY busy_share, capture, rank, device_id LIMIT {TOP_ROWS}""").to_arrow_table()
-    section.blocks.append(TableBlock(f"The {min(TOP_ROWS, ranks.num_rows)} least busy of {ranks.num_rows} GPUs", table,
+    shown = f"The {TOP_ROWS} least busy of {ranks.num_rows} GPUs" if ranks.num_rows > TOP_ROWS \
+        else f"{ranks.num_rows} GPUs, the least busy first"
+    section.blocks.append(TableBlock(shown, table,
                                      "top cause: what the host was doing during most of the GPU's idle time (its share "
                                      "of that idle time); iteration p50/p99: step range lengths; host gap share: "
                                      "host gaps over the wall time of the iterations' device work."))

@@ -172,6 +172,29 @@ def test_the_fleet_is_a_fleet_of_its_own_folder(tmp_path):
     assert Fleet(tmp_path).report("a/b.json.gz") == tmp_path / "reports" / "a" / "b.json.gz.html"
 
 
+def test_the_fleet_page_links_each_capture_to_its_report(tmp_path, capsys):
+    for r in range(2):
+        kineto_rank(tmp_path / "in" / f"rank-{r}.json.gz", r, 2, STEPS)
+    fleet = new_or_existing(tmp_path / "fleet")
+    ingest_fleet(find_captures([tmp_path / "in"]), fleet, None)
+    page = tmp_path / "fleet.html"
+    assert main(["report", "--fleet", str(fleet.root), "-o", str(page)]) == 2
+    assert "no summary yet; run `itertrace fleet summary" in capsys.readouterr().err
+    summarize_fleet(fleet, None)
+    assert main(["report", "--fleet", str(fleet.root), "-o", str(page), "--workers", "1"]) == 0
+    assert ", 2 capture reports made in " in capsys.readouterr().err
+    text = page.read_text()
+    for r in range(2):
+        report = fleet.report(f"in/rank-{r}.json.gz")
+        assert report.read_text().startswith("<!DOCTYPE html>")
+        assert f"<title>itertrace report: in/rank-{r}.json.gz</title>" in report.read_text()
+        assert f'<a href="fleet/reports/in/rank-{r}.json.gz.html">report</a>' in text
+    made = report.stat().st_mtime_ns
+    assert main(["report", "--fleet", str(fleet.root), "-o", str(page), "--workers", "1"]) == 0
+    assert "capture reports made" not in capsys.readouterr().err  # both there, newer than their databases
+    assert report.stat().st_mtime_ns == made
+
+
 def test_the_manual_names_every_column_and_the_readme_links_it():
     from itertrace.fleet.layout import MANIFEST_COLUMNS
     from itertrace.fleet.reduce import TABLES

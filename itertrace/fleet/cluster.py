@@ -103,7 +103,9 @@ def fleet_client(options: ClusterOptions, fleet_root: Path | None = None,
         else:
             with _interrupts_not_inherited():
                 cluster = LocalCluster(n_workers=options.local_workers(), threads_per_worker=1, processes=True,
-                                       dashboard_address=None, silence_logs=logging.ERROR)
+                                       dashboard_address=None, silence_logs=logging.ERROR,
+                                       # no dashboard; the scheduler's HTTP routes on a free port, not on 8787
+                                       scheduler_kwargs={"dashboard_address": "127.0.0.1:0"})
             client = Client(cluster, set_as_default=False)
         yield client
     finally:
