@@ -55,6 +55,7 @@ class Report:
     simulated: tuple[str, ...]  # labels of simulated runs
     sections: tuple[Section, ...]
     mappings: tuple[str, ...] = ()  # one line per capture: the steps its mapping found and how it was chosen
+    meta_title: str = "Runs"  # the heading of `meta`
 
     def charts(self) -> list[ChartBlock]:
         return [b for s in self.sections for b in s.blocks if isinstance(b, ChartBlock)]

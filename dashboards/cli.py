@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      "agree (when it holds both). The page inlines its JavaScript and needs no network. Sections a "
                      "database cannot fill are replaced by a note."),
     )
-    parser.add_argument("--db", action="append", required=True, type=Path, metavar="FILE",
+    parser.add_argument("--db", action="append", type=Path, metavar="FILE",
                         help="database made by `itertrace ingest`; repeat to compare runs")
     parser.add_argument("--label", action="append", metavar="NAME",
                         help="name of each --db's run, in the same order (default: what differs between the runs)")
@@ -36,6 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "step_pattern='^decode_step_\\d+$' for another program's trace (repeatable)")
     parser.add_argument("--quiet", action="store_true", help="print nothing on success")
     add_memory_limit(parser)
+    from itertrace.dashboards.fleet_cli import add_fleet_options
+
+    add_fleet_options(parser)
     parser.set_defaults(func=run)
 
 
@@ -45,6 +48,10 @@ def run(args: argparse.Namespace) -> int:
     from itertrace.dashboards.report import build_report
 
     started = time.perf_counter()
+    if args.fleet is not None or not args.db:
+        from itertrace.dashboards.fleet_cli import run_fleet_report
+
+        return run_fleet_report(args, started)
     from itertrace.queries.cli import parse_params
 
     from itertrace.targets import Kind, remove_leftovers, replaceable, write_failure

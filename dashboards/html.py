@@ -162,6 +162,9 @@ def table_html(table: pa.Table, hover: dict[str, str] | None = None) -> str:
     for i, row in enumerate(table.to_pylist()):
         cells = []
         for c in table.column_names:
+            if isinstance(row[c], dict) and set(row[c]) == {"text", "href"}:  # a link: {text, href}
+                cells.append(f'<td><a href="{html.escape(row[c]["href"])}">{html.escape(row[c]["text"])}</a></td>')
+                continue
             text, numeric = format_cell(c, row[c])
             title = full[c][i] if c in full and full[c][i] not in (None, row[c]) else None
             attrs = (' class="num"' if numeric else "") + (f' title="{html.escape(title)}"' if title else "")
@@ -190,9 +193,9 @@ def render_html(report: Report, specs: list[dict] | None = None) -> str:
                    "their times come from a model, not a machine.</p>")
     for line in report.mappings:
         out.append(f'<p class="mapping">{with_code(line)}</p>')
-    out.append('<nav><ol><li><a href="#runs">Runs</a></li>' + "".join(
+    out.append(f'<nav><ol><li><a href="#runs">{esc(report.meta_title)}</a></li>' + "".join(
         f'<li><a href="#{s.id}">{esc(s.title)}</a></li>' for s in report.sections) + "</ol></nav>")
-    out.append('<section id="runs"><h2>Runs</h2>' + table_html(report.meta) + "</section>")
+    out.append(f'<section id="runs"><h2>{esc(report.meta_title)}</h2>' + table_html(report.meta) + "</section>")
     for section in report.sections:
         out.append(f'<section id="{section.id}"><h2>{esc(section.title)}</h2>')
         if section.intro:

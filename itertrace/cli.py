@@ -15,7 +15,7 @@ from itertrace.interrupts import Signals
 
 # Subpackages whose cli.py contributes subcommands, in the order `--help` lists them.
 _PARTS = ("itertrace.profiler.cli", "itertrace.ingest.cli", "itertrace.queries.cli", "itertrace.queries.mapping_cli",
-          "itertrace.dashboards.cli", "itertrace.demo")
+          "itertrace.dashboards.cli", "itertrace.fleet.cli", "itertrace.demo")
 
 
 class _Parser(argparse.ArgumentParser):
