@@ -26,9 +26,9 @@ _CREATE = re.compile(r"^CREATE (MACRO|VIEW) ", re.IGNORECASE | re.MULTILINE)
 
 
 def connect(db: str | Path, *, read_only: bool = True, writable: tuple[Path, ...] = (),
-            memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
-    """A connection to an existing DuckDB file, locked down (`lock_down`) before anything reads it; a missing,
-    foreign or locked file is a UserError."""
+            memory_limit: str | None = None, threads: int | None = None) -> duckdb.DuckDBPyConnection:
+    """A connection to an existing DuckDB file, locked down (`lock_down`) before anything reads it, with
+    `threads` worker threads (DuckDB's default when None); a missing, foreign or locked file is a UserError."""
     path = Path(db)
     if not path.is_file():
         raise UserError(f"{path}: no such database (make one with `itertrace ingest SOURCE... --db {path}`)")
@@ -45,6 +45,8 @@ def connect(db: str | Path, *, read_only: bool = True, writable: tuple[Path, ...
         if con.execute("SELECT current_setting('lock_configuration')").fetchone()[0]:
             _check_locked(con, path, writable)
         else:
+            if threads is not None:
+                con.execute(f"SET threads = {int(threads)}")
             lock_down(con, writable, limit)
     except BaseException:
         con.close()
@@ -127,8 +129,8 @@ class QueryDB:
                  memory_limit: str | None = None) -> None:
         self.path = Path(db)
         self.memory_limit = memory_limit
-        if con is not None:  # the caller's own connection, as it is: the caller trusts what it holds
-            prefer_sort_based_joins(con)
+        if con is not None and not con.execute("SELECT current_setting('lock_configuration')").fetchone()[0]:
+            prefer_sort_based_joins(con)  # the caller's own connection, as it is: the caller trusts what it holds
         self.con = con if con is not None else connect(self.path, writable=writable, memory_limit=memory_limit)
         try:
             try:

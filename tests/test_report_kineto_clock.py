@@ -4,7 +4,9 @@ capture's start, the steps are marked, the banner names the engine and its steps
 The traces are written here: three vLLM steps 20 ms apart, each a `execute_context_0(0)_generation_8(8)`
 annotation (2 ms) launching one kernel (from 3 ms to 8 ms into the step), on three clocks a Kineto trace
 can carry: a clock since boot below baseTimeNanoseconds (as the vLLM trace in shared/serving_traces, whose
-axes read in the billions of ms before), Unix time with no base, and times relative to the base.
+axes read in the billions of ms before), Unix time with no base, and times relative to the base. As the
+profiler writes them, each holds its recording's Trace event (`PyTorch Profiler (0)`), from the first step's
+start to the last kernel's end: the GPU's window.
 """
 from __future__ import annotations
 
@@ -35,8 +37,10 @@ CLOCKS = {  # name: (the first event's ts in µs, baseTimeNanoseconds)
 VLLM_SERVING = Path(__file__).parents[1] / ".." / "shared" / "serving_traces" / "vllm_decode_full_graph_step.json.gz"
 
 
-def kineto_trace(path: Path, first_us: float, base_ns: int | None, steps: int = 3, step_name: str = STEP) -> Path:
-    events = []
+def kineto_trace(path: Path, first_us: float, base_ns: int | None, steps: int = 3, step_name: str = STEP,
+                 profiler_span: bool = True) -> Path:
+    events = [{"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": "PyTorch Profiler",
+               "ts": first_us, "dur": (steps - 1) * 20_000 + 8_000}] if profiler_span else []
     for k in range(steps):
         t = first_us + k * 20_000
         events += [
@@ -147,12 +151,23 @@ def test_a_capture_without_steps_says_so_and_where_to_look(tmp_path):
     assert "no steps to mark: no iteration range was found" in gpu["title"]["subtitle"]
 
 
+def test_without_the_profilers_span_the_gpu_window_is_its_work(tmp_path):
+    trace = kineto_trace(tmp_path / "t.json.gz", 6_520_618_853_487.683, BASE_NS, profiler_span=False)
+    db = ingest([trace], tmp_path / "t.duckdb").db
+    with QueryDB(db) as q:
+        source = q.sql("SELECT window_source FROM gpu_time").column(0).to_pylist()
+        gpu = gpu_time_chart(q.query("gpu_time_idle"), q.query("gpu_time"), iterations=q.query("iterations"),
+                             origin_ns=capture_start_ns(q)).to_dict()
+    assert source == ["GPU work"]
+    assert gpu["vconcat"][1]["encoding"]["x"]["scale"]["domain"] == [3.0, 48.0]  # first kernel's start to last's end
+
+
 def test_a_capture_of_a_minute_counts_in_seconds(tmp_path):
     trace = kineto_trace(tmp_path / "t.json.gz", 6_520_618_853_487.683, BASE_NS, steps=1)
     document = json.loads(gzip.decompress(trace.read_bytes()))
-    late = dict(document["traceEvents"][2], ts=document["traceEvents"][2]["ts"] + 60_000_000, args={
-        "device": 0, "stream": 7, "correlation": 99})
-    document["traceEvents"] += [late, dict(document["traceEvents"][1], ts=late["ts"] - 100, args={"correlation": 99})]
+    _, _, launch, kernel = document["traceEvents"]
+    late = dict(kernel, ts=kernel["ts"] + 60_000_000, args={"device": 0, "stream": 7, "correlation": 99})
+    document["traceEvents"] += [late, dict(launch, ts=late["ts"] - 100, args={"correlation": 99})]
     trace.write_bytes(gzip.compress(json.dumps(document).encode()))
     db = ingest([trace], tmp_path / "t.duckdb").db
     with QueryDB(db) as q:
@@ -160,7 +175,7 @@ def test_a_capture_of_a_minute_counts_in_seconds(tmp_path):
                              origin_ns=capture_start_ns(q)).to_dict()
     area = gpu["vconcat"][1]
     assert area["encoding"]["x"]["title"] == "time since the capture started (s)"
-    assert area["encoding"]["x"]["scale"]["domain"] == [0.0, 60.008]
+    assert area["encoding"]["x"]["scale"]["domain"] == [0.0, 60.008]  # the profiler's span, widened to the GPU's work
     assert min(r["start_s"] for r in rows_of(gpu, "share")) == 0.0
 
 
@@ -172,11 +187,15 @@ def test_the_vllm_serving_trace_counts_from_its_first_instant(tmp_path):
         start = capture_start_ns(q)
         window = q.sql("SELECT window_start_ns, window_end_ns FROM gpu_time").to_pylist()[0]
         host = q.sql("SELECT host_start_ns FROM iterations").column(0).to_pylist()
+        first_gpu = q.sql("SELECT min(start_ns) FROM gpu_ops").column(0)[0].as_py()
         gpu = gpu_time_chart(q.query("gpu_time_idle"), q.query("gpu_time"), iterations=q.query("iterations"),
                              origin_ns=start).to_dict()
         line = mapping_line(q, db, "kineto")
-    assert start == window["window_start_ns"] == host[0] == 6_520_618_853_487_683  # the step's annotation
+    assert start == host[0] == 6_520_618_853_487_683  # the step's annotation
+    # The file holds no Trace event of the profiler's (one step cut from a longer recording): the GPU's
+    # window is its work, from its first operation, 8.37 ms into the step.
+    assert window["window_start_ns"] == first_gpu == 6_520_618_861_858_561
     area = gpu["vconcat"][1]
-    assert area["encoding"]["x"]["scale"]["domain"] == [0.0, (window["window_end_ns"] - start) / 1e6]  # 19.114059
+    assert area["encoding"]["x"]["scale"]["domain"] == [(first_gpu - start) / 1e6, (window["window_end_ns"] - start) / 1e6]
     assert line.startswith("vLLM (torch profiler annotations): 1 step, a range named "
                            "`execute_#_context_#(sq#sk#sqsq#sqsk#)_generation_#(sq#sk#sqsq#sqsk#)`")

@@ -30,9 +30,10 @@ FROM host_gaps_summary AS h JOIN (SELECT DISTINCT global_tid, global_pid FROM it
 GROUP BY ALL"""
 # Columns of gpu_time_summary, in its order (a test checks them against the view).
 GPU_COLUMNS = ("device_id", "global_pid", "window_ns", "busy_share", "idle_within_share", "idle_between_share",
-               "idle_outside_share", "top_cause_kind", "top_cause", "top_cause_share", "top_causes")
+               "idle_outside_share", "top_cause_kind", "top_cause", "top_cause_share", "top_causes",
+               "window_source")
 _GPU_TYPES = ("BIGINT", "BIGINT", "BIGINT", "DOUBLE", "DOUBLE", "DOUBLE", "DOUBLE", "VARCHAR", "VARCHAR", "DOUBLE",
-              "VARCHAR[]")
+              "VARCHAR[]", "VARCHAR")
 # The capture's rows per process (and GPU), from the tables above.
 _RANKS = f"""
 SELECT $capture AS capture, p.rank, p.world_size, p.rank_source,
@@ -93,17 +94,13 @@ def summarize_capture(job: SummaryJob) -> SummaryOutcome:
 
 
 def capture_tables(job: SummaryJob) -> tuple[str | None, pa.Table, pa.Table]:
-    """(kind, ranks, iterations) of one capture's database, opened read-only and confined as `itertrace query`
-    opens it."""
-    from itertrace.queries.api import QueryDB, confine, connect
+    """(kind, ranks, iterations) of one capture's database, opened read-only and locked down as `itertrace query`
+    opens it: no other file, no extension, within the job's memory limit."""
+    from itertrace.queries.api import QueryDB, connect
 
-    con = connect(job.db)
+    con = connect(job.db, memory_limit=job.memory_limit or None, threads=job.threads)
     try:
-        con.execute(f"SET threads = {int(job.threads)}")
-        if job.memory_limit:
-            con.execute("SET memory_limit = ?", [job.memory_limit])
         with QueryDB(job.db, dict(job.params), con=con) as db:
-            confine(db.con)  # as `itertrace query` runs: no other file, no extension
             tables = db.tables()
             kind = (db.sql("SELECT any_value(source_kind) AS kind FROM capture_meta")[0][0].as_py()
                     if "capture_meta" in tables else None)

@@ -38,6 +38,7 @@ TABLES: dict[str, tuple[str, dict[str, str]]] = {
         "top_cause": "That cause.",
         "top_cause_share": "Its share of the GPU's idle time.",
         "top_causes": "The three largest causes, each as 'cause (kind): share of idle time'.",
+        "window_source": "What the window is: the profiler's span or steps, or the GPU's work (gpu_time_summary).",
         "iterations": "Iterations of the process (step ranges that ended).",
         "iteration_p50_ns": "Median iteration time: the length of a step range.",
         "iteration_p99_ns": "99th percentile iteration time (nearest rank).",
