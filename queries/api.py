@@ -168,7 +168,7 @@ class QueryDB:
         steps, timed = self.con.execute("SELECT count(*), count(device_start_ns) FROM _iterations_device").fetchone()
         if not steps:
             return ("the mapping matches no step range in nvtx_ranges: check step_pattern and domain "
-                    "(`SELECT * FROM mapping` shows them; queries/README.md lists the parameters)")
+                    "(`SELECT * FROM mapping` shows them; docs/queries.md lists the parameters)")
         if not timed:
             return (f"none of the {steps:,} step ranges has a device interval (no GPU work inside it, no range "
                     "matching device_pattern): on a trace without GPU work, set device_pattern")

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 FORMATS = ("table", "csv", "json", "parquet")  # itertrace.queries.output.FORMATS (a test checks they agree)
 CONTRACT = ("`itertrace query` and `sql` read only their database and write only the file --out names: no other "
-            "file, no extension, no network, no setting changed; see queries/README.md")
+            "file, no extension, no network, no setting changed; see docs/queries.md")
 # How DuckDB says that a statement went past the contract (queries.api.lock_down).
 _CONFINED = re.compile(r"disabled by configuration|disabled through configuration|configuration has been locked")
 
@@ -178,7 +178,7 @@ def _install(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def _opened(args: argparse.Namespace, params: dict[str, str]) -> Iterator[tuple[QueryDB, Output]]:
     """The output --format and --out ask for, then the database, opened read-only and locked down to
-    reading itself and writing that output (see queries/README.md)."""
+    reading itself and writing that output (see docs/queries.md)."""
     from itertrace.queries.api import QueryDB
     from itertrace.queries.output import output
 

@@ -2,7 +2,8 @@
 
 Every place that knows an engine's names reads them from here: the macros of the mapping (the module
 `mapping_presets`, made by `module_sql`), the values `--param preset` takes, the order `auto` tries
-them in (queries/suggest.py) and the list in README.md (`markdown`, checked by a test).
+them in (queries/suggest.py) and the list in README.md (`markdown`, between the README's `presets` markers; a
+test checks it, and `python -m itertrace.queries.presets README.md` rewrites it).
 """
 from __future__ import annotations
 
@@ -55,10 +56,18 @@ def presets() -> tuple[Preset, ...]:
     """Every preset, in the order `auto` tries them."""
     rows = tomllib.loads(PRESETS_FILE.read_text())["preset"]
     found = tuple(_preset(row) for row in rows)
+    if missing := {p.engine for p in found} - set(engine_labels()):
+        raise RuntimeError(f"{PRESETS_FILE}: engines without a name in [engines]: {sorted(missing)}")
     names = [p.name for p in found]
     if len(set(names)) != len(names) or {AUTO, GENERIC} & set(names):
         raise RuntimeError(f"{PRESETS_FILE}: preset names must be unique and not auto or generic: {names}")
     return found
+
+
+@cache
+def engine_labels() -> dict[str, str]:
+    """Each engine's name as the README writes it, in the README's order."""
+    return dict(tomllib.loads(PRESETS_FILE.read_text()).get("engines", {}))
 
 
 def _preset(row: dict) -> Preset:
@@ -194,8 +203,30 @@ ORDER BY position;
 
 
 def markdown() -> str:
-    """The presets as the README lists them."""
-    lines = ["| preset | engine | names from | capture | what itertrace finds |", "| --- | --- | --- | --- | --- |"]
-    for p in presets():
-        lines.append(f"| `{p.name}` | {p.engine} | {p.source} | {p.capture} | {p.finds} |")
-    return "\n".join(lines)
+    """The presets as the README lists them: a short block per engine, a line per source of its names."""
+    out = []
+    for engine, label in engine_labels().items():
+        out.append(f"**{label}**")
+        for p in (p for p in presets() if p.engine == engine):
+            out.append(f"- `preset={p.name}`, {p.source}. Capture: {p.capture}. Finds: {p.finds}.")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+BEGIN, END = "<!-- presets: made from queries/presets.toml -->", "<!-- end of presets -->"
+
+
+def with_readme_block(readme: str) -> str:
+    """`readme` with the text between its presets markers replaced by `markdown()`."""
+    head, sep, rest = readme.partition(BEGIN)
+    _, sep2, tail = rest.partition(END)
+    if not sep or not sep2:
+        raise ValueError(f"no {BEGIN} ... {END} markers")
+    return f"{head}{BEGIN}\n{markdown()}{END}{tail}"
+
+
+if __name__ == "__main__":
+    import sys
+
+    target = Path(sys.argv[1])
+    target.write_text(with_readme_block(target.read_text()))

@@ -158,7 +158,7 @@ def test_an_empty_result_from_a_mapping_that_matches_nothing_says_why(capsys, sa
                         "--param", r"step_pattern=^decode_step_\d+$")
     assert rc == 0 and "(no rows)" in out
     assert err == ("itertrace: note: the mapping matches no step range in nvtx_ranges: check step_pattern and domain "
-                   "(`SELECT * FROM mapping` shows them; queries/README.md lists the parameters)\n")
+                   "(`SELECT * FROM mapping` shows them; docs/queries.md lists the parameters)\n")
     rc, out, err = _run(capsys, "query", "host_gaps", "--db", db, "--param", "preset=generic",
                         "--param", "step_pattern=^step$")  # steps found, but on a CPU trace no device_pattern
     assert rc == 0 and "(no rows)" in out and "step ranges has a device interval" in err
