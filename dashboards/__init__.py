@@ -24,15 +24,16 @@ from __future__ import annotations
 
 from itertrace.lazy import lazy_exports
 
-# Where each public name lives: imported on first use (itertrace.lazy).
+# The package's one export list: where each public name lives, imported on first use (itertrace.lazy).
 _HOMES = {
-    "ClassKind": "charts", "active_tokens_chart": "charts", "fairness_progress_chart": "charts",
-    "host_gap_chart": "charts", "host_gap_distribution_chart": "charts", "host_gap_iterations_chart": "charts",
-    "iteration_timeline_chart": "charts", "label_runs": "charts", "latency_cdf_chart": "charts",
-    "gpu_time_chart": "charts", "idle_causes_chart": "charts", "kernels_chart": "charts",
-    "membership_chart": "charts", "slot_time_chart": "charts",
+    "ClassKind": "latency_charts", "fairness_progress_chart": "latency_charts", "latency_cdf_chart": "latency_charts",
+    "active_tokens_chart": "batch_charts", "slot_time_chart": "batch_charts", "label_runs": "chart_data",
+    "host_gap_chart": "trace_charts", "host_gap_distribution_chart": "trace_charts",
+    "host_gap_iterations_chart": "trace_charts", "iteration_timeline_chart": "trace_charts",
+    "gpu_time_chart": "gpu_charts", "idle_causes_chart": "gpu_charts", "kernels_chart": "gpu_charts",
+    "membership_chart": "membership",
     "capture_start_ns": "time_axis",
-    "Report": "report", "build_report": "report",
+    "Report": "blocks", "build_report": "report",
     "Written": "html", "render_html": "html", "write_report": "html",
 }
 

@@ -12,15 +12,12 @@ from pathlib import Path
 import pyarrow as pa
 
 from itertrace.dashboards.banner import mapping_line
-from itertrace.dashboards.blocks import Block, ChartBlock, NoteBlock, Report, RunData, Section, TableBlock
+from itertrace.dashboards.blocks import Report, RunData
 from itertrace.dashboards.sections import sections
 from itertrace.dashboards.time_axis import capture_start_ns
 from itertrace.errors import UserError
 from itertrace.queries.api import NOT_INGESTED, QueryDB
 from itertrace.queries.catalog import SOURCE_TABLES
-
-__all__ = ["Block", "ChartBlock", "NoteBlock", "Report", "Section", "TableBlock", "build_report"]
-
 
 def build_report(dbs: Sequence[str | Path], labels: Sequence[str] | None = None, *, title: str | None = None,
                  params: dict[str, str] | None = None, memory_limit: str | None = None) -> Report:

@@ -6,11 +6,14 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-from itertrace.dashboards import charts
+from itertrace.dashboards.batch_charts import active_tokens_chart, slot_time_chart
 from itertrace.dashboards.blocks import ChartBlock, NoteBlock, RunData, Section, TableBlock
 from itertrace.dashboards.chart_data import label_runs
 from itertrace.dashboards.gpu_sections import gpu_sections
+from itertrace.dashboards.latency_charts import ClassKind, fairness_progress_chart, latency_cdf_chart
+from itertrace.dashboards.membership import membership_chart
 from itertrace.dashboards.overlap_charts import overlap_section
+from itertrace.dashboards.trace_charts import host_gap_chart, iteration_timeline_chart
 
 DETAIL_ITERATIONS = 200  # a binned membership chart is followed by its first iterations in detail
 
@@ -102,7 +105,7 @@ def _gaps(runs: list[RunData]) -> Section:
     ]
     for r in traced:
         section.blocks.append(ChartBlock(
-            _name("host-gaps", runs, r), charts.host_gap_chart(r.db.query("host_gaps_parts")),
+            _name("host-gaps", runs, r), host_gap_chart(r.db.query("host_gaps_parts")),
             "Top: each iteration's gap stacked by host phase (dark grey: unattributed). Bottom: the distribution "
             "of each phase's time per gap. Hover for iteration numbers and times.", _heading(runs, r)))
     return section
@@ -120,7 +123,7 @@ def _timeline(runs: list[RunData]) -> Section | None:
     for r in traced:
         section.blocks.append(ChartBlock(
             _name("timeline", runs, r),
-            charts.iteration_timeline_chart(r.db.query("iterations"), origin_ns=r.start_ns),
+            iteration_timeline_chart(r.db.query("iterations"), origin_ns=r.start_ns),
             "Host step (light) and device interval (dark) per iteration.", _heading(runs, r)))
     return section
 
@@ -142,7 +145,7 @@ def _membership(runs: list[RunData]) -> Section | None:
         section.blocks.append(note)
     for r in logged:
         members, its = r.db.query("membership"), r.db.query("membership_iterations")
-        chart = charts.membership_chart(members, its)
+        chart = membership_chart(members, its)
         binned = bool(chart.usermeta["itertrace"]["binned"])
         section.blocks.append(ChartBlock(_name("membership", runs, r), chart, "Slots by iteration" + (
             f"; the first {DETAIL_ITERATIONS} iterations follow in detail." if binned else "."), _heading(runs, r)))
@@ -152,7 +155,7 @@ def _membership(runs: list[RunData]) -> Section | None:
             first_its = r.db.sql(f"SELECT * FROM membership_iterations WHERE iteration < "
                                  f"(SELECT min(iteration) FROM membership_iterations) + {DETAIL_ITERATIONS}")
             section.blocks.append(ChartBlock(
-                _name("membership-first", runs, r), charts.membership_chart(first, first_its),
+                _name("membership-first", runs, r), membership_chart(first, first_its),
                 f"The first {DETAIL_ITERATIONS} iterations in detail, one colour per request.",
                 f"{_heading(runs, r) or r.label}: the first {DETAIL_ITERATIONS} iterations"))
     return section
@@ -174,7 +177,7 @@ def _slot_time(runs: list[RunData]) -> Section | None:
     section.blocks += [
         TableBlock("Slot-iterations", table if len(runs) > 1 else table.drop_columns(["run"]),
                    "iterations and slot-iterations count only iterations that ran a forward pass."),
-        ChartBlock("slot-time", charts.slot_time_chart(table, mode=by),
+        ChartBlock("slot-time", slot_time_chart(table, mode=by),
                    "one bar per run, grouped by workload; the label gives the idle share and the iterations the "
                    "workload took."),
     ]
@@ -189,7 +192,7 @@ def _active(runs: list[RunData]) -> Section | None:
     return Section("active-tokens", "Active tokens per iteration",
                    "Tokens each iteration ran (prefill and decode), on a symlog axis so one decode token per slot "
                    "stays readable beside prefill spikes." + (" All runs share the axes." if len(logged) > 1 else ""),
-                   [ChartBlock("active-tokens", charts.active_tokens_chart(table),
+                   [ChartBlock("active-tokens", active_tokens_chart(table),
                                "hover for working, finished and empty slots per iteration.")])
 
 
@@ -217,12 +220,12 @@ def _latency(runs: list[RunData]) -> Section | None:
         TableBlock("Latency by class", _stack(logged, lambda r: r.db.query("latency_by_class")).drop_columns(
             ["class_order"]),
                    "per prompt-length bucket, priority and tenant (nearest-rank percentiles)."),
-        ChartBlock("latency-cdf", charts.latency_cdf_chart(requests),
+        ChartBlock("latency-cdf", latency_cdf_chart(requests),
                    "CDFs of TTFT and TPOT per prompt-length bucket, one curve per run (log time axis)."),
     ]
-    for kind, column in ((charts.ClassKind.PRIORITY, "priority"), (charts.ClassKind.TENANT, "tenant")):
+    for kind, column in ((ClassKind.PRIORITY, "priority"), (ClassKind.TENANT, "tenant")):
         if len(set(requests.column(column).to_pylist())) > 1:
-            section.blocks.append(ChartBlock(f"latency-cdf-{column}", charts.latency_cdf_chart(requests, by=kind),
+            section.blocks.append(ChartBlock(f"latency-cdf-{column}", latency_cdf_chart(requests, by=kind),
                                              f"the same CDFs per {column}."))
     return section
 
@@ -239,7 +242,7 @@ def _fairness(runs: list[RunData]) -> Section | None:
                    "time since it arrived, and how many other requests shared each of its iterations.", [
                        TableBlock("The followed request", followed,
                                   "longest stall: the longest time (and iterations) between two of its tokens."),
-                       ChartBlock("fairness-progress", charts.fairness_progress_chart(progress),
+                       ChartBlock("fairness-progress", fairness_progress_chart(progress),
                                   "one line per run; hover for iterations and waits."),
                    ])
 
