@@ -114,7 +114,7 @@ def _overlap(folder: Path, *, profile: bool) -> list[Path]:
     (what this machine does), their tables printed; the torch runs' databases."""
     from itertrace.cli import build_parser
     from itertrace.profiler.cli import spec_from_args
-    from itertrace.profiler.overlap_experiment import overlap
+    from itertrace.experiments.overlap import overlap
     from itertrace.profiler.summary_table import format_experiment
 
     mechanism = overlap(spec_from_args(build_parser().parse_args(["run"])), 1)

@@ -14,8 +14,8 @@ from query_fixtures import TID_A, TraceDB, make_db, mark, push_pop
 from itertrace.cli import main
 from test_profile_live import ITERTRACE, MEDIAN_BOUND_NS, RUN, needs_nsys
 from itertrace.dashboards import build_report
-from itertrace.profiler.overlap_experiment import HIDDEN, SIM_HOST_NS, likely_cause, split
-from itertrace.profiler.overlap_figures import from_capture, from_run_dir, host_gaps, predict_from_log
+from itertrace.experiments.overlap import HIDDEN, SIM_HOST_NS, likely_cause, split
+from itertrace.experiments.overlap_figures import from_capture, from_run_dir, host_gaps, predict_from_log
 
 TOKENS = 7 * 32 + 512 + 8 * 32  # the worked example's 16 requests
 ITERATIONS = 512  # the long request's 512 tokens, one a decode iteration, the others beside it

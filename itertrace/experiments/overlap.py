@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from itertrace.errors import UserError
-from itertrace.profiler.overlap_figures import from_capture, from_run_dir
+from itertrace.experiments.overlap_figures import from_capture, from_run_dir
 from itertrace.profiler.session import RunSpec, run
 from itertrace.profiler.workloads import build_requests, worked_example
 

@@ -7,7 +7,7 @@
 - throughput: output tokens / wall; TPOT per request from the ends of the steps that sampled its
   tokens, (last - first) / (tokens - 1); percentiles linear (session.percentile);
 - the prediction (a run without overlap): what_if_overlap.sql's model with `hide` the phases overlap
-  mode takes off the critical path (overlap_experiment.hidden_phases).
+  mode takes off the critical path (overlap.hidden_phases).
   From a capture the query computes it; from run logs `predict_from_log` does, on the logged phase
   durations (the same model, step for step: see the query's header for why each term is what it is).
 """
