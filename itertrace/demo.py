@@ -2,7 +2,8 @@
 
 Three scheduling experiments (worked example, stranded slot-time, fairness) run on the simulated runner (a cost model: every table says so); a
 short live run of the torch engine is captured with Nsight Systems where it is installed, and so are
-the overlap experiment's two torch runs of the worked example, without and with overlap; every run
+the overlap experiment's two torch runs of the worked example, without and with overlap, shown after
+the same experiment on the simulated runner (the mechanism, on the cost model's times); every run
 is ingested into its own database, queried, and gathered into self-contained HTML reports.
 """
 from __future__ import annotations
@@ -109,15 +110,20 @@ OVERLAP_TITLE = "itertrace demo: the worked example without and with overlap (to
 
 
 def _overlap(folder: Path, *, profile: bool) -> list[Path]:
-    """The overlap experiment, one round on the torch runner: its table printed; the two runs' databases."""
+    """The overlap experiment, one round on the simulated runner (the mechanism, exact) and one on the torch runner
+    (what this machine does), their tables printed; the torch runs' databases."""
     from itertrace.cli import build_parser
     from itertrace.profiler.cli import spec_from_args
-    from itertrace.profiler.overlap_experiment import overlap
+    from itertrace.experiments.overlap import overlap
     from itertrace.profiler.summary_table import format_experiment
 
+    mechanism = overlap(spec_from_args(build_parser().parse_args(["run"])), 1)
+    print(f"== overlap off and on (simulated: the mechanism, on the cost model's times) ==\n"
+          f"{format_experiment(mechanism)}\n", flush=True)
     result = overlap(spec_from_args(build_parser().parse_args(OVERLAP)), 1, folder, profile=profile)
     how = "profiled with nsys" if result["source"] == "nsys capture" else "from the run logs, not profiled"
-    print(f"== overlap off and on (torch runner, {how}) ==\n{format_experiment(result)}\n", flush=True)
+    print(f"== overlap off and on (torch runner, {how}: measured on this machine's cores; see the split and "
+          f"docs/overlap.md) ==\n{format_experiment(result)}\n", flush=True)
     return [Path(r["db"]) if r["db"] else _ingest(folder / r["name"] / "run", folder, r["name"])
             for r in sorted(result["runs"], key=lambda r: r["overlap"])]
 

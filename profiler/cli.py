@@ -360,7 +360,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         elif args.name == "slot-time":
             result = experiments.slot_time(spec, args.requests or 4000, out)
         elif args.name == "overlap":
-            from itertrace.profiler.overlap_experiment import overlap
+            from itertrace.experiments.overlap import overlap
 
             result = overlap(spec, args.repeat or 1, out, profile=not args.no_profile)
         else:

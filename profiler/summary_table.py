@@ -77,6 +77,10 @@ def _pct(v: float | None) -> str | None:
     return None if v is None else f"{100 * v:.1f}%"
 
 
+SPLIT_KEYS = ("wall_change_ms_per_iteration", "host_hidden_ms_per_iteration", "device_change_ms_per_iteration",
+              "forward_ms_off", "forward_ms_on")
+
+
 def format_overlap(result: dict) -> str:
     """Each run's figures and the medians; then, per round, the prediction beside the measured run with overlap."""
     figure_cols = ["gap share", "gap p50 (us)", "gap p99 (us)", "throughput (tok/s)", "TPOT p50 (ms)",
@@ -87,10 +91,12 @@ def format_overlap(result: dict) -> str:
              x["tokens_dropped"]] for x in result["runs"]]
     med = result["median"]
     runs += [[f"median {mode}", *(cell(med[mode], k) for k in keys), None] for mode in ("off", "on")]
-    rounds = [[f"round {r['round'] + 1}", r["throughput_gain"], r["predicted_throughput_gain"], r["throughput_tok_s"],
+    rounds = [[f"round {r['round'] + 1}", r["throughput_gain"], r["predicted_throughput_gain"], r["forward_ms_off"],
+               r["forward_ms_on"], r["throughput_tok_s"],
                r["predicted_throughput_tok_s"], _pct(r["prediction_error"]), r["predicted_tpot_ms_p50"],
                r["predicted_tpot_ms_p99"], r["tokens_identical"], r["tokens_dropped"]] for r in result["rounds"]]
-    rounds.append(["median", med["throughput_gain"], med["predicted_throughput_gain"], med["throughput_tok_s"],
+    rounds.append(["median", med["throughput_gain"], med["predicted_throughput_gain"], med["forward_ms_off"],
+                   med["forward_ms_on"], med["throughput_tok_s"],
                    med["predicted_throughput_tok_s"], _pct(med["prediction_error"]), med["predicted_tpot_ms_p50"],
                    med["predicted_tpot_ms_p99"], med["tokens_identical"], None])
     host = result.get("host_ns_per_iteration")
@@ -98,15 +104,26 @@ def format_overlap(result: dict) -> str:
              f"and one with overlap, the order swapped every round"
              + (f"; the cost model's host time {host / 1e6:g} ms per iteration" if host else ""))
     ratio = med["gap_share_ratio"]
+    split = [[f"round {r['round'] + 1}", *(r[k] for k in SPLIT_KEYS), _pct(r["device_growth"]), r["throughput_gain"]]
+             for r in result["rounds"]]
+    # each column's own median: with rounds that differ, the medians need not add up as a round's parts do
+    split.append(["median of each", *(med[k] for k in SPLIT_KEYS), _pct(med["device_growth"]), med["throughput_gain"]])
+    m = result["machine"]
     return (f"{setup}\nfigures from the {result['source']}; gap share = {result['gap_share_definition']}\n"
             + table(["run", *figure_cols, "tokens dropped"], runs)
+            + f"\nmedian host-gap share with overlap / without: {'-' if ratio is None else f'x{ratio:.3f}'}"
+            + "\n\nwhere the change in wall time per iteration came from (wall = forward passes + exposed host "
+              "time, so wall change = device change - host hidden):\n"
+            + table(["round", "wall change (ms/it)", "host hidden (ms/it)", "device change (ms/it)",
+                     "forward without (ms)", "forward with (ms)", "forward longer by", "gain measured"], split)
+            + f"\n{m['cores']} cores, load (1 min) {m['load_1m_before']:.1f} before and {m['load_1m_after']:.1f} after"
+            + (f"\nlikely cause: {result['likely_cause']}" if result["likely_cause"] else "")
             + f"\n\nwhat-if from each round's run without overlap (hide={result['hide']}: {result['hide_note']}), "
-              f"beside its run with overlap:\n"
-            + table(["round", "gain measured", "gain predicted", "tok/s measured", "tok/s predicted",
-                     "predicted/measured - 1",
-                     "predicted TPOT p50", "predicted TPOT p99", "tokens identical", "tokens dropped"], rounds)
-            + f"\nmedian host-gap share with overlap / without: "
-              f"{'-' if ratio is None else f'x{ratio:.3f}'}")
+              f"beside its run with overlap; it assumes {result['what_if_assumes']} (forward as assumed, and as "
+              f"measured with overlap):\n"
+            + table(["round", "gain measured", "gain predicted", "forward assumed (ms)", "forward measured (ms)",
+                     "tok/s measured", "tok/s predicted", "predicted/measured - 1",
+                     "predicted TPOT p50", "predicted TPOT p99", "tokens identical", "tokens dropped"], rounds))
 
 
 def format_agreement(result: dict) -> str:

@@ -16,8 +16,11 @@ def test_demo_writes_four_reports_and_prints_the_headlines(tmp_path, capsys):
     assert main(["demo", "--out", str(out), "--requests", "64"] + ([] if profiled else ["--no-profile"])) == 0
     text = capsys.readouterr().out
     for heading in ("== worked example (simulated) ==", "== stranded slot-time (simulated) ==",
-                    "== fairness (simulated) ==", "== live torch run", "== overlap off and on (torch runner"):
+                    "== fairness (simulated) ==", "== live torch run", "== overlap off and on (torch runner",
+                    "== overlap off and on (simulated: the mechanism"):
         assert heading in text
+    # each overlap table splits its change in wall time; the simulated one hides host time and nothing else
+    assert text.count("so wall change = device change - host hidden") == 2
     assert f"report: {(out / 'report.html').resolve()}" in text
     for name in ("report.html", "slot-time.html", "fairness.html", "overlap.html"):
         page = (out / name).read_text()

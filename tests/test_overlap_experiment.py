@@ -14,8 +14,8 @@ from query_fixtures import TID_A, TraceDB, make_db, mark, push_pop
 from itertrace.cli import main
 from test_profile_live import ITERTRACE, MEDIAN_BOUND_NS, RUN, needs_nsys
 from itertrace.dashboards import build_report
-from itertrace.profiler.overlap_experiment import HIDDEN, SIM_HOST_NS
-from itertrace.profiler.overlap_figures import from_capture, from_run_dir, host_gaps, predict_from_log
+from itertrace.experiments.overlap import HIDDEN, SIM_HOST_NS, likely_cause, split
+from itertrace.experiments.overlap_figures import from_capture, from_run_dir, host_gaps, predict_from_log
 
 TOKENS = 7 * 32 + 512 + 8 * 32  # the worked example's 16 requests
 ITERATIONS = 512  # the long request's 512 tokens, one a decode iteration, the others beside it
@@ -64,22 +64,64 @@ def test_the_cost_model_makes_the_figures_exact(simulated):
     assert [(r["round"], r["overlap"]) for r in result["runs"]] == [(0, False), (0, True), (1, True), (1, False)]
 
 
+def test_the_split_on_the_simulated_runner_is_the_cost_models(simulated):
+    """Overlap hides the host time of every iteration but the first (the cost model's 4 ms each) and leaves the
+    forward passes as they were: the split says so, to the nanosecond, and its parts add up to the wall change."""
+    result, out = simulated
+    device_ms = forward_ns(out / "overlap-off-0" / "run") / ITERATIONS / 1e6
+    for r in result["rounds"]:
+        assert r["host_hidden_ms_per_iteration"] == pytest.approx((ITERATIONS - 1) * SIM_HOST_NS / ITERATIONS / 1e6,
+                                                                  rel=1e-9)
+        assert r["device_change_ms_per_iteration"] == 0 and r["device_growth"] == 0
+        assert r["forward_ms_off"] == r["forward_ms_on"] == pytest.approx(device_ms, rel=1e-12)
+        assert r["wall_change_ms_per_iteration"] == pytest.approx(
+            r["device_change_ms_per_iteration"] - r["host_hidden_ms_per_iteration"], rel=1e-9)
+    assert result["likely_cause"] is None
+
+
+def run_figures(wall_ms: float, device_ms: float, forward_passes: int = 4) -> dict:
+    return {"wall_s": wall_ms / 1e3, "device_s": device_ms / 1e3, "forward_passes": forward_passes}
+
+
+def test_the_split_when_the_device_slows_down():
+    """By hand: without overlap 4 passes of 2 ms and 4 ms of exposed host time (12 ms); with it 4 passes of 3 ms and
+    1 ms exposed (13 ms): 3 ms of host time hidden, 4 ms more on the device, 1 ms more wall time, per iteration a quarter."""
+    s = split(run_figures(12, 8), run_figures(13, 12))
+    assert s == pytest.approx({"wall_change_ms_per_iteration": 0.25, "host_hidden_ms_per_iteration": 0.75,
+                               "device_change_ms_per_iteration": 1.0, "forward_ms_off": 2.0, "forward_ms_on": 3.0,
+                               "device_growth": 0.5}, rel=1e-12)
+
+
+def test_the_likely_cause_names_the_shared_cores_on_the_cpu():
+    from itertrace.cli import build_parser
+    from itertrace.profiler.cli import spec_from_args
+
+    torch_cpu = spec_from_args(build_parser().parse_args(["run", "--runner", "torch", "--device", "cpu"]))
+    machine = {"cores": 2, "load_1m_before": 1.0, "load_1m_after": 1.5}
+    cause = likely_cause(torch_cpu, 0.43, "nsys capture", machine)
+    assert cause.startswith("the forward passes took 43% longer with overlap: on the CPU the device is a thread")
+    assert "shares the 2 cores with the host thread and the profiler" in cause and "load 1.0 before, 1.5 after" in cause
+    assert "the profiler" not in likely_cause(torch_cpu, 0.43, "run logs", machine)
+    assert likely_cause(torch_cpu, 0.04, "run logs", machine) is None
+
+
 def test_json_keys(simulated):
     result, _ = simulated
     assert set(result) == {"experiment", "runner", "simulated", "workload", "capacity", "repeat", "source",
                            "host_ns_per_iteration", "hide", "hide_note", "gap_share_definition", "runs", "rounds",
-                           "median"}
+                           "median", "what_if_assumes", "machine", "likely_cause"}
     assert (result["experiment"], result["source"], result["simulated"], result["capacity"], result["repeat"]) == (
         "overlap", "run logs", True, 8, 2)
     assert result["hide"] == "schedule,prepare,detokenize,postprocess"
-    figures = {"wall_s", "output_tokens", "gap_share", "gap_p50_us", "gap_p99_us", "throughput_tok_s",
+    figures = {"wall_s", "device_s", "forward_passes", "output_tokens", "gap_share", "gap_p50_us", "gap_p99_us", "throughput_tok_s",
                "tpot_ms_p50", "tpot_ms_p99", "tokens_dropped", "tokens"}
     for run in result["runs"]:
         assert set(run) == {"round", "overlap", "name", "db", *figures} | (set() if run["overlap"] else {"predicted"})
     assert set(result["rounds"][0]) == {
         "round", "tokens_identical", "requests_differing", "tokens_dropped", "gap_share_ratio", "throughput_gain",
         "predicted_throughput_gain", "throughput_tok_s", "predicted_throughput_tok_s", "prediction_error", "predicted_tpot_ms_p50",
-        "predicted_tpot_ms_p99"}
+        "predicted_tpot_ms_p99", "wall_change_ms_per_iteration", "host_hidden_ms_per_iteration",
+        "device_change_ms_per_iteration", "forward_ms_off", "forward_ms_on", "device_growth"}
     assert set(result["median"]) >= {"off", "on", "throughput_gain", "prediction_error", "tokens_identical"}
 
 
@@ -89,6 +131,8 @@ def test_table_says_source_hidden_phases_and_cost_model(capsys):
     assert "figures from the run logs" in text and "hide=schedule,prepare,detokenize,postprocess" in text
     assert "SIMULATED" in text and "host time 4 ms per iteration" in text
     assert "median host-gap share with overlap / without: x0.000" in text
+    assert "it assumes each forward pass takes as long as in the run without overlap" in text
+    assert "so wall change = device change - host hidden" in text and "likely cause" not in text
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -212,6 +256,8 @@ def test_the_capture_and_the_run_log_agree(overlap, tmp_path):
     traced, logged = from_capture(done.db, done.run_dir, hide), from_run_dir(done.run_dir, hide)
     assert traced["output_tokens"] == logged["output_tokens"] > 0 and traced["tokens"] == logged["tokens"]
     assert traced["wall_s"] == pytest.approx(logged["wall_s"], rel=0.05)
+    assert traced["forward_passes"] == logged["forward_passes"] > 0
+    assert traced["device_s"] == pytest.approx(logged["device_s"], rel=0.05)
     rows = sorted(pq.read_table(done.run_dir / "iterations.parquet").to_pylist(), key=lambda r: r["start_ns"])
     with QueryDB(done.db, params={"hide": ",".join(HIDDEN)}) as q:
         gaps = {r["iteration"]: r["gap_ns"] for r in q.sql("SELECT iteration, gap_ns FROM host_gaps").to_pylist()}

@@ -10,6 +10,7 @@ the what-if prediction of the run with it, which stands beside the measured one.
 from __future__ import annotations
 
 import io
+import os
 import statistics
 import sys
 import tempfile
@@ -17,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from itertrace.errors import UserError
-from itertrace.profiler.overlap_figures import from_capture, from_run_dir
+from itertrace.experiments.overlap_figures import from_capture, from_run_dir
 from itertrace.profiler.session import RunSpec, run
 from itertrace.profiler.workloads import build_requests, worked_example
 
@@ -30,13 +31,17 @@ SIM_HOST_NS = 4_000_000.0
 HIDDEN = ("schedule", "prepare", "detokenize", "postprocess")
 HIDDEN_CHAINED = ("schedule", "prepare", "sample", "detokenize", "postprocess")
 FIGURES = ("gap_share", "gap_p50_us", "gap_p99_us", "throughput_tok_s", "tpot_ms_p50", "tpot_ms_p99")
+SPLIT = ("wall_change_ms_per_iteration", "host_hidden_ms_per_iteration", "device_change_ms_per_iteration",
+         "forward_ms_off", "forward_ms_on", "device_growth")
+# Forward passes this much longer with overlap than without are named as the likely cause of a lost gain.
+DEVICE_GROWTH_NOTED = 0.05
 
 
 def overlap(spec: RunSpec, repeat: int = 1, out: Path | None = None, profile: bool = True) -> dict:
     """`repeat` rounds of the worked example without and with overlap; per run figures, medians, and the prediction."""
     spec = _with_host_time(spec)
     source, hide = _source(spec, profile), hidden_phases(spec)
-    runs = []
+    load_before, runs = os.getloadavg()[0], []
     with tempfile.TemporaryDirectory(prefix="itertrace-overlap-") as tmp:
         base = Path(out) if out is not None else Path(tmp)
         for r in range(repeat):
@@ -49,6 +54,8 @@ def overlap(spec: RunSpec, repeat: int = 1, out: Path | None = None, profile: bo
         for x in runs:
             x["db"] = None
     rounds = [_compare(r, [x for x in runs if x["round"] == r]) for r in range(repeat)]
+    median = _medians(runs, rounds)
+    machine = {"cores": len(os.sched_getaffinity(0)), "load_1m_before": load_before, "load_1m_after": os.getloadavg()[0]}
     return {"experiment": "overlap", "runner": spec.runner, "simulated": spec.runner == "simulated",
             "workload": "the worked example: 16 requests; of the first eight, seven stop at 32 tokens and one "
                         "runs to 512; eight more of 32 tokens wait",
@@ -58,7 +65,10 @@ def overlap(spec: RunSpec, repeat: int = 1, out: Path | None = None, profile: bo
             "gap_share_definition": "host gaps (from each forward pass's end to the next one's start, none "
                                     "counted where they overlap) over wall time from the first step's start to "
                                     "the last step's end",
-            "runs": runs, "rounds": rounds, "median": _medians(runs, rounds)}
+            "what_if_assumes": "each forward pass takes as long as in the run without overlap, and the hidden "
+                               "phases run entirely while the device computes",
+            "machine": machine, "likely_cause": likely_cause(spec, median["device_growth"], source, machine),
+            "runs": runs, "rounds": rounds, "median": median}
 
 
 def hidden_phases(spec: RunSpec) -> tuple[str, ...]:
@@ -152,12 +162,43 @@ def run_flags(spec: RunSpec) -> list[str]:
     return flags + (["--overlap"] if spec.overlap else [])
 
 
+def likely_cause(spec: RunSpec, device_growth: float, source: str, machine: dict) -> str | None:
+    """Why the forward passes took longer with overlap, where they did by more than DEVICE_GROWTH_NOTED; else None."""
+    if device_growth <= DEVICE_GROWTH_NOTED:
+        return None
+    longer = f"the forward passes took {device_growth:.0%} longer with overlap"
+    if spec.runner == "torch" and (spec.model.device or ("cuda" if _cuda() else "cpu")) == "cpu":
+        beside = "the host thread" + (" and the profiler" if source == "nsys capture" else "")
+        return (f"{longer}: on the CPU the device is a thread of this process, which shares the "
+                f"{machine['cores']} cores with {beside} and whatever else runs (load "
+                f"{machine['load_1m_before']:.1f} before, {machine['load_1m_after']:.1f} after); the what-if assumes "
+                f"they take as long as without overlap")
+    return f"{longer}; the what-if assumes they take as long as without overlap"
+
+
+def split(off: dict, on: dict) -> dict:
+    """The change in wall time per iteration, the host time overlap hid and the change in device time.
+
+    A run's wall time is its device time (the forward passes) plus its exposed host time (the rest); so
+    wall(on) - wall(off) = device change - host hidden, where host hidden is the exposed host time that
+    went. Per iteration: over the run without overlap's forward passes (the same batches with overlap)."""
+    n = off["forward_passes"]
+    hidden = (off["wall_s"] - off["device_s"]) - (on["wall_s"] - on["device_s"])
+    return {"wall_change_ms_per_iteration": (on["wall_s"] - off["wall_s"]) / n * 1e3,
+            "host_hidden_ms_per_iteration": hidden / n * 1e3,
+            "device_change_ms_per_iteration": (on["device_s"] - off["device_s"]) / n * 1e3,
+            "forward_ms_off": off["device_s"] / n * 1e3,
+            "forward_ms_on": on["device_s"] / on["forward_passes"] * 1e3,
+            "device_growth": on["device_s"] / off["device_s"] - 1}
+
+
 def _compare(r: int, pair: list[dict]) -> dict:
     """One round: the run with overlap against the one without, and against its prediction."""
     off, on = (next(x for x in pair if x["overlap"] is want) for want in (False, True))
     predicted = off["predicted"]
     gain, predicted_gain = on["throughput_tok_s"] / off["throughput_tok_s"], predicted["speedup"]
     return {
+        **split(off, on),
         "round": r,
         "tokens_identical": off["tokens"] == on["tokens"],
         "requests_differing": sorted(k for k in off["tokens"] if off["tokens"][k] != on["tokens"].get(k)),
@@ -178,7 +219,7 @@ def _medians(runs: list[dict], rounds: list[dict]) -> dict:
     out = {mode: {f: statistics.median(x[f] for x in runs if x["overlap"] is (mode == "on")) for f in FIGURES}
            for mode in ("off", "on")}
     for key in ("throughput_gain", "predicted_throughput_gain", "prediction_error", "predicted_throughput_tok_s",
-                "throughput_tok_s",
+                "throughput_tok_s", *SPLIT,
                 "predicted_tpot_ms_p50", "predicted_tpot_ms_p99"):
         out[key] = statistics.median(r[key] for r in rounds)
     out["gap_share_ratio"] = out["on"]["gap_share"] / out["off"]["gap_share"] if out["off"]["gap_share"] else None

@@ -3,10 +3,11 @@
 - wall: from the first step's start to the last step's end (steps with a forward pass);
 - host gaps: from the latest forward-pass end so far to the next forward pass's start, 0 where they
   overlap (host_gaps.sql's definition); gap share = their sum / wall;
+- device time: the forward passes' total time (they never overlap one another), and their count;
 - throughput: output tokens / wall; TPOT per request from the ends of the steps that sampled its
   tokens, (last - first) / (tokens - 1); percentiles linear (session.percentile);
 - the prediction (a run without overlap): what_if_overlap.sql's model with `hide` the phases overlap
-  mode takes off the critical path (overlap_experiment.hidden_phases).
+  mode takes off the critical path (overlap.hidden_phases).
   From a capture the query computes it; from run logs `predict_from_log` does, on the logged phase
   durations (the same model, step for step: see the query's header for why each term is what it is).
 """
@@ -33,13 +34,15 @@ def from_capture(db: Path, run_dir: Path, hide: tuple[str, ...] | None) -> dict:
     with QueryDB(db, params={"hide": ",".join(hide or ())}) as q:
         gaps = [r["gap_ns"] for r in q.sql("SELECT gap_ns FROM host_gaps").to_pylist()]
         tracks = q.sql("SELECT tokens, wall_ns, predicted_wall_ns FROM what_if_overlap_summary").to_pylist()
+        device = q.sql("SELECT count(*) AS n, coalesce(sum(device_dur_ns), 0)::BIGINT AS ns FROM iterations "
+                       "WHERE device_start_ns IS NOT NULL").to_pylist()[0]
         if len(tracks) != 1:
             raise UserError(f"{db}: expected the steps of one engine thread, found {len(tracks)} tracks")
         tpot = _column(q, "SELECT tpot_ns FROM request_latency_trace WHERE tpot_ns IS NOT NULL")
         predicted_tpot = _column(q, "SELECT predicted_tpot_ns FROM what_if_overlap_requests "
                                     "WHERE predicted_tpot_ns IS NOT NULL") if predict else []
     s = tracks[0]
-    figures = _figures(gaps, s["wall_ns"], s["tokens"], tpot)
+    figures = _figures(gaps, s["wall_ns"], s["tokens"], tpot, device["ns"], device["n"])
     if predict:
         figures["predicted"] = _prediction(s["tokens"], s["wall_ns"], s["predicted_wall_ns"], predicted_tpot)
     return {**figures, **_outputs(run_dir)}
@@ -64,7 +67,8 @@ def from_run_dir(run_dir: Path, hide: tuple[str, ...] | None) -> dict:
     ends = {r["iteration"]: r["end_ns"] for r in busy}
     wall = max(ends.values()) - busy[0]["start_ns"]
     tokens = sum(len(its) for its in token_its.values())
-    figures = _figures(host_gaps(busy), wall, tokens, _tpots(token_its, ends))
+    device = sum(r["device_end_ns"] - r["device_start_ns"] for r in busy)
+    figures = _figures(host_gaps(busy), wall, tokens, _tpots(token_its, ends), device, len(busy))
     if hide is not None:
         predicted_ends = predict_from_log(rows, hide)
         predicted_wall = max(predicted_ends.values()) - busy[0]["start_ns"]
@@ -119,9 +123,12 @@ def _tpots(token_its: dict[int, list[int]], ends: dict[int, int]) -> list[float]
     return out
 
 
-def _figures(gaps: list[int], wall_ns: int, tokens: int, tpot_ns: list[float]) -> dict:
+def _figures(gaps: list[int], wall_ns: int, tokens: int, tpot_ns: list[float], device_ns: int,
+             forward_passes: int) -> dict:
     return {
         "wall_s": wall_ns / 1e9,
+        "device_s": device_ns / 1e9,
+        "forward_passes": forward_passes,
         "output_tokens": tokens,
         "gap_share": sum(gaps) / wall_ns,
         "gap_p50_us": _scaled(percentile(gaps, 50), 1e3),

@@ -1,0 +1,1 @@
+"""Experiments that run the engine and read its runs back through ingest and the query library."""
