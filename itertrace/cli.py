@@ -14,7 +14,7 @@ from itertrace.errors import UserError
 from itertrace.interrupts import Signals
 
 # Subpackages whose cli.py contributes subcommands, in the order `--help` lists them.
-_PARTS = ("itertrace.profiler.cli", "itertrace.ingest.cli", "itertrace.queries.cli", "itertrace.queries.mapping_cli",
+_PARTS = ("itertrace.profiler.cli", "itertrace.experiments.cli", "itertrace.ingest.cli", "itertrace.queries.cli", "itertrace.queries.mapping_cli",
           "itertrace.dashboards.cli", "itertrace.fleet.cli", "itertrace.demo")
 
 
