@@ -21,6 +21,8 @@ shorter than a chunk, well within what DuckDB's JSON reader takes (a run of 33 M
 closing bracket failed there, one of 31 MB did not). Which of a chunk's blanks lie outside strings
 follows from the string state at its ends, which the scan has anyway: the array's chunks are not
 searched for runs, whose cost the copy would pay on every trace.
+
+Why this is not a JSON library's streaming parser: docs/libraries.md.
 """
 from __future__ import annotations
 
