@@ -12,7 +12,7 @@ from collections.abc import Callable, Generator, Iterable
 
 import numpy as np
 
-from itertrace.profiler.batch import Runner
+from itertrace.profiler.batch import BulkRunner, OverlapRunner, Runner
 from itertrace.profiler.gcquiet import no_full_collections
 from itertrace.profiler.intake import Intake, NoProgress
 from itertrace.profiler.nvtx_ranges import FINISH, PhaseName, StepTimes, Tracer, nvtx_recorded
@@ -29,7 +29,7 @@ class Engine:
     """Runs a workload to completion through a scheduler and a runner, logging every iteration.
 
     `bulk`: iterations that only run the decode rows go at once where the runner can (see
-    `_run_in_bulk`); `overlap`: the host schedules and prepares each iteration while the device runs
+    `_run_in_bulk`; a BulkRunner); `overlap`: the host schedules and prepares each iteration while the device runs
     the one before (see overlap.py).
     """
 
@@ -49,12 +49,12 @@ class Engine:
         # simulated iterations take microseconds: every thousandth will do; a model's, every one
         self._progress_every = 1000 if runner.simulated else 1
         self.on_iteration = on_iteration  # called with (decision, start_ns, end_ns) after each iteration
-        if overlap and not runner.overlaps:
+        if overlap and not isinstance(runner, OverlapRunner):
             raise ValueError(f"runner {runner.name} cannot launch a forward pass and go on: no overlap mode")
         self.overlap = overlap
         # iterations run in bulk only where the runner can, nobody watches each iteration, no tool
         # records NVTX (each iteration keeps its step range under nsys), and one loop runs at a time
-        self._bulk = (bulk and runner.runs_in_bulk and on_iteration is None and not nvtx_recorded()
+        self._bulk = (bulk and isinstance(runner, BulkRunner) and on_iteration is None and not nvtx_recorded()
                       and not overlap)
 
     @property

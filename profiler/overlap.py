@@ -16,8 +16,8 @@ and the device goes from N to N+1 without waiting for the host to wake up (on a 
 thread may wait milliseconds for a core).
 
 schedule N+1 sees N committed ahead of its tokens (Scheduler.commit_ahead): positions moved on, a
-placeholder for each token to come, and the requests that reach max_tokens in N finished, so no
-request is scheduled past its max_tokens. The placeholders in N+1's inputs become
+placeholder for each token to come (batch.Placeholders), and the requests that reach max_tokens in N
+finished, so no request is scheduled past its max_tokens. The placeholders in N+1's inputs become
 N's tokens when N+1 is launched (the runner puts them in). postprocess N puts N's tokens into the
 requests (Scheduler.commit_sampled): a request whose token is a stop token finishes in N and the
 token N+1 computes for it is dropped, as is the token of a request canceled while N ran; dropped
@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from itertrace.profiler.batch import Batch
 from itertrace.profiler.intake import Intake, NoProgress
 from itertrace.profiler.nvtx_ranges import FINISH, PhaseName, StepTimes
 from itertrace.profiler.records import RunResult
@@ -106,7 +105,7 @@ def overlap_steps(engine: Engine, requests: Iterable[Request]) -> Generator[None
         with tracer.phase(PhaseName.PREPARE, times):
             prepared = runner.prepare(decision.batch)
         on_device = tracer.device_forward(iteration, times)
-        if ahead is not None and chains(runner, ahead.decision.batch):  # queued behind N: no wait between them
+        if ahead is not None and runner.chains(ahead.decision.batch):  # queued behind N: no wait between them
             runner.launch(prepared, decision.swap, None, on_device)
             previous = _collect(engine, ahead)
         else:
@@ -120,13 +119,6 @@ def overlap_steps(engine: Engine, requests: Iterable[Request]) -> Generator[None
         if engine.progress is not None:
             engine.report_progress(iteration, 1, intake.taken)
     return record.end(result, iteration, clock.now_ns())
-
-
-def chains(runner: object, batch: Batch) -> bool:
-    """Whether the runner can launch the next iteration before `batch`'s tokens are collected, putting them
-    into its placeholders on the device side (TorchRunner.chains); runners without the method cannot."""
-    can = getattr(runner, "chains", None)
-    return can is not None and can(batch)
 
 
 def _collect(engine: Engine, ahead: _Launched) -> np.ndarray:

@@ -33,7 +33,7 @@ from dataclasses import replace
 import numpy as np
 
 from itertrace.profiler.admission import Admission
-from itertrace.profiler.batch import SwapPlan
+from itertrace.profiler.batch import Placeholders, SwapPlan
 from itertrace.profiler.batch_builder import DecodeRows, build_batch
 from itertrace.profiler.budget import Budget, prefill_room
 from itertrace.profiler.decision import Decision, Event, EventKind, Limit, Mode, SchedulerConfig, TokenEvents
@@ -303,14 +303,14 @@ class Scheduler:
     # ---- overlap mode: an iteration committed ahead of its tokens ---------------------------------------
     def commit_ahead(self, decision: Decision) -> None:
         """Overlap mode: commit an iteration just scheduled as if its tokens were in, each a placeholder
-        (-1 - j for the j-th sampled row, which the next batch's inputs carry until the runner puts the token
-        in), so that the next iteration can be scheduled while this one runs; and hold its requests'
-        blocks (BlockManager.hold) until the device is done with it. A request reaching max_tokens finishes
-        here, announced when its last token comes; a stop token can only be seen then (commit_sampled).
+        (batch.Placeholders: the next batch's inputs carry it until the runner puts the token in), so that
+        the next iteration can be scheduled while this one runs; and hold its requests' blocks
+        (BlockManager.hold) until the device is done with it. A request reaching max_tokens finishes here,
+        announced when its last token comes; a stop token can only be seen then (commit_sampled).
         """
         self.blocks.hold(decision.batch.request_ids)
         n_rows, self._rows_run = self._rows_run, 0
-        placeholders = -1 - np.arange(len(decision.batch.sampled_ids), dtype=np.int64)
+        placeholders = Placeholders.tokens(len(decision.batch.sampled_ids))
         finish = lambda *finishing: self._finish(*finishing, announce=False)  # noqa: E731
         commit_tokens(decision, placeholders, decision.iteration, self._rows, n_rows, [], finish)
 

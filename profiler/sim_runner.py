@@ -51,13 +51,11 @@ def _tokens(request_ids: np.ndarray, generated: np.ndarray) -> np.ndarray:
 
 
 class SimulatedRunner:
-    """Implements the Runner interface; sampled tokens are deterministic stand-ins, never a stop token."""
+    """A BulkRunner and an OverlapRunner (batch.py); sampled tokens are deterministic stand-ins, never a stop token."""
 
     name = "simulated"
     simulated = True
     reads_tokens = False  # the cost model counts tokens; it never reads them
-    runs_in_bulk = True
-    overlaps = True
 
     def __init__(self, clock: SimClock, cost: CostModel | None = None) -> None:
         self.clock = clock
@@ -78,6 +76,10 @@ class SimulatedRunner:
 
     def collect(self) -> None:
         self.clock.sleep_until(self._device_done_ns)
+
+    def chains(self, batch: Batch) -> bool:
+        """Never: its tokens come from the host after each forward pass."""
+        return False
 
     def forward(self, prepared: Batch) -> None:
         self.clock.advance(self.cost.forward_ns(prepared))

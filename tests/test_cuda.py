@@ -36,7 +36,7 @@ class Lockstep:
     with `devices=("cuda", "cuda")` they must agree bit for bit (a CUDA run is reproducible).
     """
 
-    name, simulated, reads_tokens, runs_in_bulk = "lockstep", False, True, False
+    name, simulated, reads_tokens = "lockstep", False, True
 
     def __init__(self, devices=("cpu", "cuda"), **kw) -> None:
         self.cpu = TorchRunner(CONFIG, device=devices[0], **kw)
