@@ -74,7 +74,7 @@ class RunResult:
     idle_finished: int = 0  # of those, slots held by finished static members
     idle_while_queued: int = 0  # idle slot-iterations while requests were waiting
     membership: list[list[int]] = field(default_factory=list)  # member ids by iteration, when kept
-    iterations_in_bulk: int = 0  # iterations run at once with others (Engine._run_in_bulk)
+    iterations_in_bulk: int = 0  # iterations run at once with others (profiler/bulk.py)
     tokens_dropped: int = 0  # overlap mode: tokens computed for requests that had ended (never emitted)
 
 

@@ -249,7 +249,7 @@ def summarize(result: RunResult, capacity: int) -> dict:
         "states": states,
         "output_tokens": tokens,
         "iterations": result.iterations,
-        "iterations_in_bulk": result.iterations_in_bulk,  # run at once (Engine._run_in_bulk): same logs
+        "iterations_in_bulk": result.iterations_in_bulk,  # run at once (profiler/bulk.py): same logs
         "tokens_dropped": result.tokens_dropped,  # overlap mode: computed for requests that had ended
         "slot_iterations": result.iterations * capacity,
         "idle_slot_iterations": result.idle_slot_iterations,

@@ -1,4 +1,4 @@
-"""Iterations run in bulk (Engine._run_in_bulk) give what a pass of the loop each gives.
+"""Iterations run in bulk (profiler/bulk.py) give what a pass of the loop each gives.
 
 Two computations of the same run: the engine with bulk runs on and off. Their run logs (every row
 of the iteration, event and request tables), the requests' final state and the run's summary must be
