@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from itertrace.profiler.decision import Decision
+from itertrace.profiler.scheduling.decision import Decision
 from itertrace.profiler.intake import Intake
-from itertrace.profiler.nvtx_ranges import StepTimes
-from itertrace.profiler.records import RunResult
+from itertrace.profiler.tracing.nvtx_ranges import StepTimes
+from itertrace.profiler.tracing.records import RunResult
 from itertrace.profiler.stepping import OneByOne
 
 if TYPE_CHECKING:

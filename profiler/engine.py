@@ -12,16 +12,16 @@ from collections.abc import Callable, Generator, Iterable
 
 import numpy as np
 
-from itertrace.profiler.batch import BulkRunner, OverlapRunner, Runner
+from itertrace.profiler.scheduling.batch import BulkRunner, OverlapRunner, Runner
 from itertrace.profiler.bulk import InBulk
 from itertrace.profiler.gcquiet import no_full_collections
 from itertrace.profiler.intake import Intake, NoProgress
-from itertrace.profiler.nvtx_ranges import FINISH, PhaseName, StepTimes, Tracer, nvtx_recorded
+from itertrace.profiler.tracing.nvtx_ranges import FINISH, PhaseName, StepTimes, Tracer, nvtx_recorded
 from itertrace.profiler.overlap import Overlapped
-from itertrace.profiler.records import RequestTimes, RunRecord, RunResult
-from itertrace.profiler.request import Request
-from itertrace.profiler.runlog import RunLog
-from itertrace.profiler.scheduler import Decision, Scheduler
+from itertrace.profiler.tracing.records import RequestTimes, RunRecord, RunResult
+from itertrace.profiler.scheduling.request import Request
+from itertrace.profiler.tracing.runlog import RunLog
+from itertrace.profiler.scheduling.scheduler import Decision, Scheduler
 from itertrace.profiler.stepping import OneByOne, Stepping
 
 __all__ = ["Engine", "NoProgress", "RequestTimes", "RunResult"]

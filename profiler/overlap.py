@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from itertrace.profiler.decision import Decision
+from itertrace.profiler.scheduling.decision import Decision
 from itertrace.profiler.intake import Intake
-from itertrace.profiler.nvtx_ranges import FINISH, PhaseName, StepTimes
-from itertrace.profiler.records import RunResult
+from itertrace.profiler.tracing.nvtx_ranges import FINISH, PhaseName, StepTimes
+from itertrace.profiler.tracing.records import RunResult
 
 if TYPE_CHECKING:
     from itertrace.profiler.engine import Engine

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from itertrace.profiler.decision import Decision
+from itertrace.profiler.scheduling.decision import Decision
 from itertrace.profiler.intake import Intake
-from itertrace.profiler.nvtx_ranges import StepTimes
-from itertrace.profiler.records import RunResult
+from itertrace.profiler.tracing.nvtx_ranges import StepTimes
+from itertrace.profiler.tracing.records import RunResult
 
 if TYPE_CHECKING:
     from itertrace.profiler.engine import Engine

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from itertrace.profiler.batch import Batch
-from itertrace.profiler.kv import BlockManager
-from itertrace.profiler.request import Phase, Request
+from itertrace.profiler.scheduling.batch import Batch
+from itertrace.profiler.scheduling.kv import BlockManager
+from itertrace.profiler.scheduling.request import Phase, Request
 
 
 class CheckedRunner:

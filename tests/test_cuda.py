@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 import torch
 
-from itertrace.profiler.batch import Batch, SamplingParams, SwapPlan
+from itertrace.profiler.scheduling.batch import Batch, SamplingParams, SwapPlan
 from itertrace.profiler.clock import WallClock
 from itertrace.profiler.engine import Engine
-from itertrace.profiler.kv import BlockManager
-from itertrace.profiler.model import ModelConfig
-from itertrace.profiler.request import PreemptKind
-from itertrace.profiler.scheduler import Scheduler, SchedulerConfig
-from itertrace.profiler.torch_runner import TorchRunner
+from itertrace.profiler.scheduling.kv import BlockManager
+from itertrace.profiler.runners.torch.model import ModelConfig
+from itertrace.profiler.scheduling.request import PreemptKind
+from itertrace.profiler.scheduling.scheduler import Scheduler, SchedulerConfig
+from itertrace.profiler.runners.torch.torch_runner import TorchRunner
 from itertrace.profiler.workloads import RequestSpec, build_requests
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from itertrace.profiler.batch import Batch, SwapPlan
+from itertrace.profiler.scheduling.batch import Batch, SwapPlan
 from itertrace.profiler.clock import SimClock
 
 
@@ -14,7 +14,7 @@ class CostModel:
     """Iteration time = fixed + per sequence + per scheduled token + per context token read (+ per swapped block).
 
     Context tokens are each sequence's own context (start position + tokens), as a paged (varlen)
-    attention kernel reads them; the torch runner's attention reads the same (profiler/model.py).
+    attention kernel reads them; the torch runner's attention reads the same (profiler/runners/torch/model.py).
     """
 
     fixed_ns: float = 8_000_000.0  # weights read once per iteration

@@ -30,16 +30,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from itertrace.profiler.admission import Admission
-from itertrace.profiler.batch import Placeholders, SwapPlan
-from itertrace.profiler.batch_builder import DecodeRows, build_batch
-from itertrace.profiler.budget import Budget, prefill_room
-from itertrace.profiler.decision import Decision, Event, EventKind, Limit, Mode, SchedulerConfig, TokenEvents
-from itertrace.profiler.kv import BlockManager
-from itertrace.profiler.policies import WaitQueue, sort_key
-from itertrace.profiler.postprocess import commit_decode_steps, commit_sampled, commit_tokens
-from itertrace.profiler.preemption import make_room, victim
-from itertrace.profiler.request import Phase, PreemptKind, Reason, Request
+from itertrace.profiler.scheduling.admission import Admission
+from itertrace.profiler.scheduling.batch import Placeholders, SwapPlan
+from itertrace.profiler.scheduling.batch_builder import DecodeRows, build_batch
+from itertrace.profiler.scheduling.budget import Budget, prefill_room
+from itertrace.profiler.scheduling.decision import Decision, Event, EventKind, Limit, Mode, SchedulerConfig, TokenEvents
+from itertrace.profiler.scheduling.kv import BlockManager
+from itertrace.profiler.scheduling.policies import WaitQueue, sort_key
+from itertrace.profiler.scheduling.postprocess import commit_decode_steps, commit_sampled, commit_tokens
+from itertrace.profiler.scheduling.preemption import make_room, victim
+from itertrace.profiler.scheduling.request import Phase, PreemptKind, Reason, Request
 
 __all__ = ["Decision", "Event", "EventKind", "Limit", "Mode", "Scheduler", "SchedulerConfig", "TokenEvents"]
 

@@ -5,13 +5,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from itertrace.profiler.batch import Runner
-from itertrace.profiler.decision import Decision, EventKind, TokenEvents
-from itertrace.profiler.nvtx_ranges import ADMIT, ARRIVE, FINISH, Tracer
-from itertrace.profiler.request import Request
-from itertrace.profiler.runlog import RunLog
-from itertrace.profiler.scheduler import Scheduler
-from itertrace.profiler.tokenizer import IncrementalDetokenizer, decode
+from itertrace.profiler.scheduling.batch import Runner
+from itertrace.profiler.scheduling.decision import Decision, EventKind, TokenEvents
+from itertrace.profiler.tracing.nvtx_ranges import ADMIT, ARRIVE, FINISH, Tracer
+from itertrace.profiler.scheduling.request import Request
+from itertrace.profiler.tracing.runlog import RunLog
+from itertrace.profiler.scheduling.scheduler import Scheduler
+from itertrace.profiler.workloads.tokenizer import IncrementalDetokenizer, decode
 
 NO_TIME = np.iinfo(np.int64).min  # no token yet
 

@@ -18,9 +18,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from itertrace.profiler.batch_builder import DecodeRows
-from itertrace.profiler.decision import Decision, Event, EventKind, TokenEvents
-from itertrace.profiler.request import Phase, Reason, Request
+from itertrace.profiler.scheduling.batch_builder import DecodeRows
+from itertrace.profiler.scheduling.decision import Decision, Event, EventKind, TokenEvents
+from itertrace.profiler.scheduling.request import Phase, Reason, Request
 
 Finish = Callable[[Request, Phase, Reason, int], None]
 
