@@ -57,10 +57,10 @@ import time
 import numpy as np
 import torch
 
-from itertrace.profiler.kv import BlockManager
-from itertrace.profiler.model import ModelConfig
-from itertrace.profiler.scheduler import Scheduler, SchedulerConfig
-from itertrace.profiler.torch_runner import TorchRunner
+from itertrace.profiler.scheduling.kv import BlockManager
+from itertrace.profiler.runners.torch.model import ModelConfig
+from itertrace.profiler.scheduling.scheduler import Scheduler, SchedulerConfig
+from itertrace.profiler.runners.torch.torch_runner import TorchRunner
 from itertrace.profiler.workloads import RequestSpec, build_requests
 
 BLOCK = 16

@@ -1,5 +1,5 @@
 """Benchmark (not a test): large workloads through the simulated runner, where the time goes, and what
-running iterations in bulk (Engine._run_in_bulk) saves, measured side by side.
+running iterations in bulk (profiler/bulk.py) saves, measured side by side.
 
 Two workloads, all requests queued at t=0, run logs written, in this process:
 - `default`: what `itertrace run --num-requests N` runs (16 slots, prompts and outputs of 128 tokens):

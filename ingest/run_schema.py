@@ -1,6 +1,6 @@
 """The engine's run directory as the database holds it: table and column documentation, expected types.
 
-A run directory (written by `itertrace run`, see profiler/runlog.py) holds `iterations.parquet`,
+A run directory (written by `itertrace run`, see profiler/tracing/runlog.py) holds `iterations.parquet`,
 `events.parquet`, `requests.parquet` and `run.json`. Each Parquet file becomes a table named `run_` plus
 its stem, with the file's columns unchanged; `run.json` becomes the one-row table `run_meta`. Every
 column named here must be present with a value of its kind; columns a newer engine adds pass through

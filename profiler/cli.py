@@ -107,9 +107,9 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
 
 
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
-    from itertrace.profiler.policies import Policy
-    from itertrace.profiler.request import PreemptKind
-    from itertrace.profiler.scheduler import Mode, SchedulerConfig
+    from itertrace.profiler.scheduling.policies import Policy
+    from itertrace.profiler.scheduling.request import PreemptKind
+    from itertrace.profiler.scheduling.scheduler import Mode, SchedulerConfig
     from itertrace.profiler.session import ModelSpec, RunSpec
 
     sched = SchedulerConfig(
@@ -124,7 +124,7 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
     spec = RunSpec(scheduler=sched, runner=args.runner, num_blocks=args.num_blocks, block_size=args.block_size,
                    swap_blocks=args.swap_blocks, seed=args.seed, model=model, overlap=args.overlap)
     if args.cost is not None:
-        from itertrace.profiler.calibrate import load
+        from itertrace.profiler.runners.calibrate import load
 
         spec = replace(spec, cost=load(args.cost))
     return spec
@@ -286,7 +286,7 @@ def _torch_profile(args: argparse.Namespace, spec: RunSpec):
     folder = args.torch_profile.resolve()
     if args.out is not None and (args.out.resolve() == folder or args.out.resolve() in folder.parents):
         raise UserError(f"--torch-profile {args.torch_profile}: inside the run directory; give a folder outside it")
-    from itertrace.profiler.torch_profile import check_folder, profiled
+    from itertrace.profiler.tracing.torch_profile import check_folder, profiled
 
     check_folder(args.torch_profile)
     return profiled(args.torch_profile, spec.model.device)
@@ -297,7 +297,7 @@ POOR_FIT_R2 = 0.8  # calibrate warns below this (one thread here fit at 0.91 bes
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from itertrace.profiler.calibrate import calibrate, save
+    from itertrace.profiler.runners.calibrate import calibrate, save
 
     spec = replace(spec_from_args(args), runner="torch")
     if spec.overlap:

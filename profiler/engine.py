@@ -1,10 +1,10 @@
 """The engine loop: schedule, prepare, forward, sample, detokenize, postprocess; each an NVTX range.
 
-`Engine.steps` is the driver: it takes arrivals and scripted cancels in at each iteration boundary,
-waits when there is nothing to run, and hands each scheduled iteration to `iteration` (its phases, one
-after the other) or, where nothing but the decode rows runs for a while, to `_run_in_bulk` (a stretch
-of such iterations at once, with the same logs). `overlap.py` holds the loop that schedules one
-iteration ahead.
+`Engine.steps` is the one loop: at each iteration boundary it takes arrivals and scripted cancels in,
+waits when there is nothing to run, schedules, logs an iteration that runs nothing and stops a run that
+can make no progress. How a scheduled iteration runs is the `Stepping` it is given (stepping.py): one
+by one (`iteration`, its phases one after the other), in bulk (bulk.py: a stretch of iterations that
+run only the decode rows, at once, else one by one), or one ahead with overlap (overlap.py).
 """
 from __future__ import annotations
 
@@ -12,15 +12,17 @@ from collections.abc import Callable, Generator, Iterable
 
 import numpy as np
 
-from itertrace.profiler.batch import Runner
+from itertrace.profiler.scheduling.batch import BulkRunner, OverlapRunner, Runner
+from itertrace.profiler.bulk import InBulk
 from itertrace.profiler.gcquiet import no_full_collections
 from itertrace.profiler.intake import Intake, NoProgress
-from itertrace.profiler.nvtx_ranges import FINISH, PhaseName, StepTimes, Tracer, nvtx_recorded
-from itertrace.profiler.overlap import overlap_steps
-from itertrace.profiler.records import RequestTimes, RunRecord, RunResult
-from itertrace.profiler.request import Request
-from itertrace.profiler.runlog import RunLog
-from itertrace.profiler.scheduler import Decision, Scheduler
+from itertrace.profiler.tracing.nvtx_ranges import FINISH, PhaseName, StepTimes, Tracer, nvtx_recorded
+from itertrace.profiler.overlap import Overlapped
+from itertrace.profiler.tracing.records import RequestTimes, RunRecord, RunResult
+from itertrace.profiler.scheduling.request import Request
+from itertrace.profiler.tracing.runlog import RunLog
+from itertrace.profiler.scheduling.scheduler import Decision, Scheduler
+from itertrace.profiler.stepping import OneByOne, Stepping
 
 __all__ = ["Engine", "NoProgress", "RequestTimes", "RunResult"]
 
@@ -28,9 +30,9 @@ __all__ = ["Engine", "NoProgress", "RequestTimes", "RunResult"]
 class Engine:
     """Runs a workload to completion through a scheduler and a runner, logging every iteration.
 
-    `bulk`: iterations that only run the decode rows go at once where the runner can (see
-    `_run_in_bulk`); `overlap`: the host schedules and prepares each iteration while the device runs
-    the one before (see overlap.py).
+    `bulk`: iterations that only run the decode rows go at once where the runner can (a BulkRunner;
+    see bulk.py); `overlap`: the host schedules and prepares each iteration while the device runs the
+    one before (an OverlapRunner; see overlap.py).
     """
 
     def __init__(self, scheduler: Scheduler, runner: Runner, clock, *, log: RunLog | None = None,
@@ -49,13 +51,12 @@ class Engine:
         # simulated iterations take microseconds: every thousandth will do; a model's, every one
         self._progress_every = 1000 if runner.simulated else 1
         self.on_iteration = on_iteration  # called with (decision, start_ns, end_ns) after each iteration
-        if overlap and not runner.overlaps:
+        if overlap and not isinstance(runner, OverlapRunner):
             raise ValueError(f"runner {runner.name} cannot launch a forward pass and go on: no overlap mode")
-        self.overlap = overlap
         # iterations run in bulk only where the runner can, nobody watches each iteration, no tool
         # records NVTX (each iteration keeps its step range under nsys), and one loop runs at a time
-        self._bulk = (bulk and runner.runs_in_bulk and on_iteration is None and not nvtx_recorded()
-                      and not overlap)
+        bulk = bulk and not overlap and on_iteration is None and not nvtx_recorded() and isinstance(runner, BulkRunner)
+        self.stepping: Stepping = Overlapped(self) if overlap else InBulk(self) if bulk else OneByOne(self)
 
     @property
     def log(self) -> RunLog | None:
@@ -81,30 +82,27 @@ class Engine:
 
         `run` drives it to the end; session.run_in_turn drives several at once, a pass each in turn.
         """
-        if self.overlap:
-            return (yield from overlap_steps(self, requests))
         intake = Intake(requests)
-        sched, clock = self.scheduler, self.clock
-        result = self.record.begin(intake.requests, clock.now_ns())
+        sched, clock, record, stepping = self.scheduler, self.clock, self.record, self.stepping
+        result = record.begin(intake.requests, clock.now_ns())
         iteration, idle_runs = 0, 0
-        while intake.more or sched.has_work():
+        while intake.more or sched.has_work() or stepping.in_flight:
             yield
             self.take_in(intake, iteration)
             if not sched.has_work():
-                self.wait_for_arrival(intake)
+                if not stepping.settle(result, None):
+                    self.wait_for_arrival(intake)
                 continue
-            times = self.tracer.start_step(iteration)
+            times, step = stepping.open_step(iteration)
             with self.tracer.phase(PhaseName.SCHEDULE, times):
                 decision = sched.schedule(iteration)
-                self.record.mark_admissions()
+                record.mark_admissions()
+                stepping.scheduled(decision)
             queued, preempted = len(sched.waiting), sched.waiting.num_preempted
-            if not decision.work:  # nothing runnable: an iteration with no forward pass, logged as such
-                self.idle_swaps(decision, times)
-                self.record.no_tokens(iteration)
-                self.tracer.end_step()
-                self.log_idle(decision, times, queued, preempted)
+            if not decision.work:  # nothing runnable now: what the device runs may free slots and blocks
+                idle_runs = 0 if stepping.settle(result, times) else idle_runs + 1
+                self.idle_iteration(decision, times, step, queued, preempted)
                 iteration += 1
-                idle_runs += 1
                 if intake.more:
                     self.wait_for_arrival(intake)
                 elif idle_runs > 1:
@@ -112,20 +110,19 @@ class Engine:
                                      f"{len(sched.running)} running, nothing schedulable ({decision.limit.value})")
                 continue
             idle_runs = 0
-            ran = self._run_in_bulk(decision, times, queued, preempted, result, intake) if self._bulk else 0
-            if ran:
-                self.tracer.end_step()
-            else:
+            ran = stepping.run(decision, times, step, queued, preempted, result, intake)
+            if not ran:  # one by one: Engine.iteration's frame right inside the step, as profilers show it
                 times = self.iteration(decision, times)
-                self.tracer.end_step()
+                stepping.close_step(step)
                 end, phases_ns = times.back_to_back()
+                record.flush_events(times.start_ns, end)
                 self.finish_iteration(decision, times.start_ns, end, phases_ns, times.device_span(), queued,
                                       preempted, result)
                 ran = 1
             iteration += ran
             if self.progress is not None:
                 self.report_progress(iteration, ran, intake.taken)
-        return self.record.end(result, iteration, clock.now_ns())
+        return record.end(result, iteration, clock.now_ns())
 
     # ---- around an iteration -------------------------------------------------------------------------
     def take_in(self, intake: Intake, iteration: int) -> None:
@@ -144,33 +141,34 @@ class Engine:
         if intake.more:
             self.clock.sleep_until(intake.next_arrival_ns())
 
-    def idle_swaps(self, decision: Decision, times: StepTimes) -> None:
-        """The swaps of an iteration that runs nothing (all that was runnable yielded its blocks): they are made
-        all the same, in its prepare phase, so that a swapped-out request's blocks are in the swap pool when it
-        is swapped back in."""
+    def idle_iteration(self, decision: Decision, times: StepTimes, step: object, queued: int, preempted: int) -> None:
+        """An iteration with no forward pass: its swaps, its step closed, its row (its schedule phase alone).
+
+        All that was runnable yielded its blocks: the swaps are made all the same, in its prepare phase,
+        so that a swapped-out request's blocks are in the swap pool when it is swapped back in."""
         if decision.swap.swap_out or decision.swap.swap_in:
             with self.tracer.phase(PhaseName.PREPARE, times):
                 self.runner.swap(decision.swap)
-
-    def log_idle(self, decision: Decision, times: StepTimes, queued: int, preempted: int) -> None:
-        """The row of an iteration with no forward pass: its schedule phase alone."""
+        self.record.no_tokens(decision.iteration)
+        self.stepping.close_step(step)
         end, phases_ns = times.back_to_back()
         self.record.flush_events(times.start_ns, end)
         log = self.record.log
         if log is not None:
             log.iteration(self.record.iteration_row(decision, times.start_ns, end, phases_ns, queued, preempted,
-                                                         None))
+                                                    None))
 
     def finish_iteration(self, decision: Decision, start: int, end: int, phases_ns: tuple[int, ...],
-                         device: tuple[int, int], queued: int, preempted: int, result: RunResult) -> None:
-        """Stamp the iteration's events, count it, tell on_iteration, write its row."""
-        self.record.flush_events(start, end)
+                         device: tuple[int, int], queued: int, preempted: int, result: RunResult, **row) -> None:
+        """Count an iteration whose events are stamped, tell on_iteration, write its row (`row`: more of
+        iteration_row's keywords)."""
         self.record.tally(result, decision, queued, 1)
         if self.on_iteration is not None:
             self.on_iteration(decision, start, end)
         log = self.record.log  # (the log property, read once)
         if log is not None:
-            log.iteration(self.record.iteration_row(decision, start, end, phases_ns, queued, preempted, device))
+            log.iteration(self.record.iteration_row(decision, start, end, phases_ns, queued, preempted, device,
+                                                    **row))
 
     def report_progress(self, iteration: int, ran: int, arrived: int) -> None:
         """Progress at every multiple of _progress_every that the last `ran` iterations passed."""
@@ -198,65 +196,3 @@ class Engine:
                 tracer.mark(FINISH, req.request_id)  # inside its step: it finished this iteration
             self.record.mark_tokens(decision.iteration, np.sort(batch.sampled_ids))
         return times
-
-    def _run_in_bulk(self, d: Decision, times: StepTimes, queued: int, preempted: int, result: RunResult,
-                     intake: Intake) -> int:
-        """Run this iteration (`d`, just scheduled) and the ones after it at once, where they can run in bulk.
-
-        Such iterations (Scheduler.bulk_rows) run only the decode rows and differ only in positions,
-        tokens, times and KV blocks, so the runner gives their times and tokens as arrays, the scheduler
-        commits them in one go and their log rows go out as columns: the same rows, events and request
-        state as a pass of the loop each (tests/test_bulk.py compares the two). It stops short of the
-        iteration where a row finishes or may stop, a request arrives or is canceled, or the KV pool
-        runs short: that one runs as usual. Returns how many iterations it ran (0: none; then this one
-        runs as usual).
-        """
-        sched, iteration, start = self.scheduler, d.iteration, times.start_ns
-        rows = sched.bulk_rows(d)
-        if rows is None:
-            return 0
-        steps = rows.steps_to_finish()
-        next_cancel = intake.next_cancel(iteration)
-        if next_cancel is not None:
-            steps = min(steps, next_cancel - iteration)
-        if steps <= 0:
-            return 0
-        batch = d.batch
-        host_ns, device_ns = self.runner.decode_times(batch, steps)
-        dur = host_ns + device_ns
-        ends = start + np.cumsum(dur)
-        starts = ends - dur
-        next_arrival_ns = intake.next_arrival_ns()
-        if next_arrival_ns is not None:  # an arrival joins the first iteration that starts at or after it
-            steps = min(steps, int(starts.searchsorted(next_arrival_ns)))
-        tokens = self.runner.decode_tokens(batch, steps)
-        steps = rows.first_stop(tokens)
-        block_steps, block_rows = rows.blocks_ahead(steps)  # this iteration's blocks are taken already
-        free = sched.blocks.device.num_free
-        if len(block_rows) > free:  # the first iteration the pool cannot serve runs as usual (it preempts)
-            steps = int(block_steps[free])
-        if steps <= 0:
-            return 0
-        taken = int(block_steps.searchsorted(steps))
-        block_steps, block_rows = block_steps[:taken], block_rows[:taken]
-        tokens, dur, device_ns, starts, ends = tokens[:steps], dur[:steps], device_ns[:steps], starts[:steps], ends[:steps]
-        allocated = np.bincount(block_steps, minlength=steps)
-        in_use = sched.blocks.device.num_used + np.cumsum(allocated)
-        allocated[0] = sched.blocks.allocated_this_iteration
-        row = None
-        log = self.record.log
-        if log is not None:  # before commit_bulk moves the rows on: this iteration's row, as a template
-            row = self.record.iteration_row(d, start, start, (0,) * 6, queued, preempted, None)
-        sched.commit_bulk(rows, tokens, block_steps, block_rows)
-        self.clock.advance(int(ends[-1]) - start)
-
-        ids, numbers = batch.request_ids, np.arange(iteration, iteration + steps, dtype=np.int64)
-        self.record.mark_tokens(iteration, np.sort(ids))
-        self.record.tokens_in_bulk(ids, numbers, ends)
-        self.record.tally(result, d, queued, steps)
-        if row is not None:
-            log.iterations(row | {  # the rest as in this iteration's row (kv_freed: 0 in such a stretch)
-                "iteration": numbers, "start_ns": starts, "end_ns": ends, "dur_ns": dur, "prepare_ns": host_ns,
-                "forward_ns": device_ns, "device_start_ns": starts + host_ns, "device_end_ns": ends, "kv_allocated": allocated, "kv_in_use": in_use}, steps)
-        result.iterations_in_bulk += steps
-        return steps

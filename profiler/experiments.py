@@ -8,11 +8,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from itertrace.errors import UserError
-from itertrace.profiler.policies import Policy
-from itertrace.profiler.request import Phase, PreemptKind
-from itertrace.profiler.scheduler import Mode
+from itertrace.profiler.scheduling.policies import Policy
+from itertrace.profiler.scheduling.request import Phase, PreemptKind
+from itertrace.profiler.scheduling.scheduler import Mode
 from itertrace.profiler.session import RunSpec, run, run_in_turn, summarize
-from itertrace.profiler.sim_runner import CostModel
+from itertrace.profiler.runners.sim_runner import CostModel
 from itertrace.profiler.workloads import VARIABLE_BLOCK, VARIABLE_LENGTHS, VARIABLE_PROBS, RequestSpec, build_requests
 from itertrace.profiler.workloads import worked_example as we_specs
 from itertrace.profiler.workloads import slot_time as slot_time_specs
@@ -142,7 +142,7 @@ def slot_time_runners(spec: RunSpec, n_torch: int, n_full: int, out: Path | None
     torch_spec = replace(spec, runner="torch")
     fit = None
     if cost is None:
-        from itertrace.profiler.calibrate import calibrate
+        from itertrace.profiler.runners.calibrate import calibrate
 
         _stage(torch_spec, "slot-time: fitting the simulated runner's cost model to the torch runner")
         cost, fit = calibrate(torch_spec)

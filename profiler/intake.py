@@ -4,7 +4,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
-from itertrace.profiler.request import Request
+from itertrace.profiler.scheduling.request import Request
 
 
 class NoProgress(RuntimeError):

@@ -16,7 +16,7 @@ and the device goes from N to N+1 without waiting for the host to wake up (on a 
 thread may wait milliseconds for a core).
 
 schedule N+1 sees N committed ahead of its tokens (Scheduler.commit_ahead): positions moved on, a
-placeholder for each token to come, and the requests that reach max_tokens in N finished, so no
+placeholder for each token to come (batch.Placeholders), and the requests that reach max_tokens in N finished, so no
 request is scheduled past its max_tokens. The placeholders in N+1's inputs become
 N's tokens when N+1 is launched (the runner puts them in). postprocess N puts N's tokens into the
 requests (Scheduler.commit_sampled): a request whose token is a stop token finishes in N and the
@@ -34,18 +34,15 @@ Iterations never run in bulk here.
 """
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from itertrace.profiler.batch import Batch
-from itertrace.profiler.intake import Intake, NoProgress
-from itertrace.profiler.nvtx_ranges import FINISH, PhaseName, StepTimes
-from itertrace.profiler.records import RunResult
-from itertrace.profiler.request import Request
-from itertrace.profiler.scheduler import Decision
+from itertrace.profiler.scheduling.decision import Decision
+from itertrace.profiler.intake import Intake
+from itertrace.profiler.tracing.nvtx_ranges import FINISH, PhaseName, StepTimes
+from itertrace.profiler.tracing.records import RunResult
 
 if TYPE_CHECKING:
     from itertrace.profiler.engine import Engine
@@ -63,109 +60,88 @@ class _Launched:
     kv: tuple[int, int, int] | None = None  # its KV counts (RunRecord.kv_counts), at the end of its own pass
 
 
-def overlap_steps(engine: Engine, requests: Iterable[Request]) -> Generator[None, None, RunResult]:
-    """Engine.steps in overlap mode: a generator that pauses before each pass and returns the RunResult."""
-    sched, runner, tracer, record, clock = engine.scheduler, engine.runner, engine.tracer, engine.record, engine.clock
-    intake = Intake(requests)
-    result = record.begin(intake.requests, clock.now_ns())
-    iteration, idle_runs, ahead = 0, 0, None
-    while intake.more or sched.has_work() or ahead is not None:
-        yield
-        engine.take_in(intake, iteration)
-        if not sched.has_work():
-            if ahead is not None:
-                _complete(engine, ahead, _collect(engine, ahead), result, None)
-                ahead = None
-            else:
-                engine.wait_for_arrival(intake)
-            continue
-        times, step = tracer.open_step(iteration)
-        with tracer.phase(PhaseName.SCHEDULE, times):
-            decision = sched.schedule(iteration)
-            record.mark_admissions()
-            if decision.work:
-                sched.commit_ahead(decision)
-        launched = _Launched(decision, times, step, len(sched.waiting), sched.waiting.num_preempted)
-        if not decision.work:  # nothing runnable now: what the device runs may free slots and blocks
-            idle_runs = 0 if ahead is not None else idle_runs + 1
-            if ahead is not None:
-                _complete(engine, ahead, _collect(engine, ahead), result, times)
-                ahead = None
-            engine.idle_swaps(decision, times)  # the device is done with what they copy
-            record.no_tokens(iteration)
-            tracer.close_step(step)
-            engine.log_idle(decision, times, launched.queued, launched.preempted)
-            iteration += 1
-            if intake.more:
-                engine.wait_for_arrival(intake)
-            elif idle_runs > 1:
-                raise NoProgress(f"iteration {iteration}: {len(sched.waiting)} waiting, "
-                                 f"{len(sched.running)} running, nothing schedulable ({decision.limit.value})")
-            continue
-        idle_runs = 0
-        with tracer.phase(PhaseName.PREPARE, times):
+class Overlapped:
+    """The Stepping of overlap mode: each iteration is launched, and the one before it completed, in the pass
+    of the loop that schedules it; its `step` is a start/end range, closed when its tokens are in."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.tracer = engine.tracer
+        self.ahead: _Launched | None = None  # the iteration on the device
+
+    @property
+    def in_flight(self) -> bool:
+        return self.ahead is not None
+
+    def open_step(self, iteration: int) -> tuple[StepTimes, object]:
+        return self.tracer.open_step(iteration)
+
+    def close_step(self, step: object) -> None:
+        self.tracer.close_step(step)
+
+    def scheduled(self, decision: Decision) -> None:
+        """Commit the iteration ahead of its tokens, so that the next one can be scheduled while it runs."""
+        if decision.work:
+            self.engine.scheduler.commit_ahead(decision)
+
+    def run(self, decision: Decision, times: StepTimes, step: object, queued: int, preempted: int,
+            result: RunResult, intake: Intake) -> int:
+        """Prepare and launch this iteration; sample and complete the one before it."""
+        engine, ahead = self.engine, self.ahead
+        runner = engine.runner
+        with self.tracer.phase(PhaseName.PREPARE, times):
             prepared = runner.prepare(decision.batch)
-        on_device = tracer.device_forward(iteration, times)
-        if ahead is not None and chains(runner, ahead.decision.batch):  # queued behind N: no wait between them
+        on_device = self.tracer.device_forward(decision.iteration, times)
+        if ahead is not None and runner.chains(ahead.decision.batch):  # queued behind N: no wait between them
             runner.launch(prepared, decision.swap, None, on_device)
-            previous = _collect(engine, ahead)
+            previous = self._collect(ahead)
         else:
-            previous = None if ahead is None else _collect(engine, ahead)
+            previous = None if ahead is None else self._collect(ahead)
             runner.launch(prepared, decision.swap, previous, on_device)
         if ahead is not None:
-            _complete(engine, ahead, previous, result, times)
-        launched.kv = record.kv_counts()
-        ahead = launched
-        iteration += 1
-        if engine.progress is not None:
-            engine.report_progress(iteration, 1, intake.taken)
-    return record.end(result, iteration, clock.now_ns())
+            self._complete(ahead, previous, result, times)
+        self.ahead = _Launched(decision, times, step, queued, preempted, engine.record.kv_counts())
+        return 1
 
+    def settle(self, result: RunResult, current: StepTimes | None) -> bool:
+        ahead = self.ahead
+        if ahead is None:
+            return False
+        self._complete(ahead, self._collect(ahead), result, current)
+        self.ahead = None
+        return True
 
-def chains(runner: object, batch: Batch) -> bool:
-    """Whether the runner can launch the next iteration before `batch`'s tokens are collected, putting them
-    into its placeholders on the device side (TorchRunner.chains); runners without the method cannot."""
-    can = getattr(runner, "chains", None)
-    return can is not None and can(batch)
+    def _collect(self, ahead: _Launched) -> np.ndarray:
+        """Wait for the iteration on the device, then sample its tokens (its blocks held until now go back)."""
+        engine = self.engine
+        logits = engine.runner.collect()
+        engine.scheduler.device_done()
+        with self.tracer.phase(PhaseName.SAMPLE, ahead.times):
+            return engine.runner.sample(ahead.decision.batch, logits)
 
+    def _complete(self, ahead: _Launched, tokens: np.ndarray, result: RunResult, current: StepTimes | None) -> None:
+        """Postprocess and detokenize an iteration whose tokens are in; close its step and write its row.
 
-def _collect(engine: Engine, ahead: _Launched) -> np.ndarray:
-    """Wait for the iteration on the device, then sample its tokens (its blocks held until now go back)."""
-    logits = engine.runner.collect()
-    engine.scheduler.blocks.release_held()
-    with engine.tracer.phase(PhaseName.SAMPLE, ahead.times):
-        return engine.runner.sample(ahead.decision.batch, logits)
-
-
-def _complete(engine: Engine, ahead: _Launched, tokens: np.ndarray, result: RunResult,
-              current: StepTimes | None) -> None:
-    """Postprocess and detokenize an iteration whose tokens are in; close its step and write its row.
-
-    Postprocess comes first here: it finds which tokens count, and only those are streamed. The events
-    of the iteration being scheduled (`current`) are stamped with its start."""
-    tracer, record, decision, times = engine.tracer, engine.record, ahead.decision, ahead.times
-    batch = decision.batch
-    with tracer.phase(PhaseName.POSTPROCESS, times):
-        finished, kept = engine.scheduler.commit_sampled(decision, tokens)
-        for req in finished:
-            tracer.mark(FINISH, req.request_id)  # inside its step
-        getting = batch.sampled_ids[kept]
-        record.mark_tokens(decision.iteration, np.sort(getting))
-    with tracer.phase(PhaseName.DETOKENIZE, times):
-        record.detokenize(getting, tokens[kept])
-    tracer.close_step(ahead.step)
-    dropped = len(kept) - int(kept.sum())
-    if dropped:  # their requests had ended: what sampling their tokens made again goes too
-        result.tokens_dropped += dropped
-        for rid in batch.sampled_ids[~kept].tolist():
-            engine.runner.release(rid)
-    start, end = times.start_ns, times.last_end()
-    now = (current.start_ns,) * 2 if current is not None else (start, end)
-    record.flush_events(*now, {decision.iteration: (start, end)})
-    record.tally(result, decision, ahead.queued, 1)
-    if engine.on_iteration is not None:
-        engine.on_iteration(decision, start, end)
-    if record.log is not None:
-        record.log.iteration(record.iteration_row(decision, start, end, times.measured(), ahead.queued,
-                                                  ahead.preempted, times.forward_interval(), kv=ahead.kv,
-                                                  dropped=dropped))
+        Postprocess comes first here: it finds which tokens count, and only those are streamed. The events
+        of the iteration being scheduled (`current`) are stamped with its start."""
+        engine, tracer, decision, times = self.engine, self.tracer, ahead.decision, ahead.times
+        record, batch = engine.record, decision.batch
+        with tracer.phase(PhaseName.POSTPROCESS, times):
+            finished, kept = engine.scheduler.commit_sampled(decision, tokens)
+            for req in finished:
+                tracer.mark(FINISH, req.request_id)  # inside its step
+            getting = batch.sampled_ids[kept]
+            record.mark_tokens(decision.iteration, np.sort(getting))
+        with tracer.phase(PhaseName.DETOKENIZE, times):
+            record.detokenize(getting, tokens[kept])
+        tracer.close_step(ahead.step)
+        dropped = len(kept) - int(kept.sum())
+        if dropped:  # their requests had ended: what sampling their tokens made again goes too
+            result.tokens_dropped += dropped
+            for rid in batch.sampled_ids[~kept].tolist():
+                engine.runner.release(rid)
+        start, end = times.start_ns, times.last_end()
+        now = (current.start_ns,) * 2 if current is not None else (start, end)
+        record.flush_events(*now, {decision.iteration: (start, end)})
+        engine.finish_iteration(decision, start, end, times.measured(), times.forward_interval(), ahead.queued,
+                                ahead.preempted, result, kv=ahead.kv, dropped=dropped)

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from itertrace.errors import UserError
-from itertrace.profiler.admission import outgrows_pool, outgrows_prefill
-from itertrace.profiler.budget import prefill_room
-from itertrace.profiler.kv_memory import available_memory_bytes, format_bytes
+from itertrace.profiler.scheduling.admission import outgrows_pool, outgrows_prefill
+from itertrace.profiler.scheduling.budget import prefill_room
+from itertrace.profiler.scheduling.kv_memory import available_memory_bytes, format_bytes
 
 if TYPE_CHECKING:
     from itertrace.profiler.session import RunSpec

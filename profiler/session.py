@@ -11,12 +11,12 @@ from itertrace.errors import UserError
 from itertrace.profiler.clock import SimClock, WallClock
 from itertrace.profiler.engine import Engine, RunResult
 from itertrace.profiler.gcquiet import no_full_collections
-from itertrace.profiler.kv import BlockManager
-from itertrace.profiler.kv_memory import check_kv_memory
-from itertrace.profiler.request import Phase, Request
-from itertrace.profiler.runlog import RunLog
-from itertrace.profiler.scheduler import Scheduler, SchedulerConfig
-from itertrace.profiler.sim_runner import CostModel, SimulatedRunner
+from itertrace.profiler.scheduling.kv import BlockManager
+from itertrace.profiler.scheduling.kv_memory import check_kv_memory
+from itertrace.profiler.scheduling.request import Phase, Request
+from itertrace.profiler.tracing.runlog import RunLog
+from itertrace.profiler.scheduling.scheduler import Scheduler, SchedulerConfig
+from itertrace.profiler.runners.sim_runner import CostModel, SimulatedRunner
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,8 @@ def make_runner(spec: RunSpec):
     if spec.runner == "torch":
         import torch
 
-        from itertrace.profiler.model import ModelConfig
-        from itertrace.profiler.torch_runner import TorchRunner
+        from itertrace.profiler.runners.torch.model import ModelConfig
+        from itertrace.profiler.runners.torch.torch_runner import TorchRunner
 
         m = spec.model
         if m.threads is not None:
@@ -79,7 +79,7 @@ def make_runner(spec: RunSpec):
                 raise UserError(f"--device {m.device!r}: expected cpu or cuda") from None
             if kind == "cuda" and not torch.cuda.is_available():
                 raise UserError(f"--device {m.device}: torch finds no CUDA device here")
-        from itertrace.profiler.checkpoint import read_config
+        from itertrace.profiler.runners.torch.checkpoint import read_config
 
         shape = config or read_config(Path(m.checkpoint))
         on_gpu = (torch.device(m.device).type if m.device else "cuda" if torch.cuda.is_available() else "cpu") == "cuda"
@@ -249,7 +249,7 @@ def summarize(result: RunResult, capacity: int) -> dict:
         "states": states,
         "output_tokens": tokens,
         "iterations": result.iterations,
-        "iterations_in_bulk": result.iterations_in_bulk,  # run at once (Engine._run_in_bulk): same logs
+        "iterations_in_bulk": result.iterations_in_bulk,  # run at once (profiler/bulk.py): same logs
         "tokens_dropped": result.tokens_dropped,  # overlap mode: computed for requests that had ended
         "slot_iterations": result.iterations * capacity,
         "idle_slot_iterations": result.idle_slot_iterations,

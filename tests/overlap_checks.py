@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from itertrace.profiler.batch import Batch
-from itertrace.profiler.kv import BlockManager
-from itertrace.profiler.request import Phase, Request
+from itertrace.profiler.scheduling.batch import Batch
+from itertrace.profiler.scheduling.kv import BlockManager
+from itertrace.profiler.scheduling.request import Phase, Request
 
 
 class CheckedRunner:
@@ -21,8 +21,8 @@ class CheckedRunner:
 
     def __init__(self, inner, blocks: BlockManager, requests: list[Request]) -> None:
         self.inner, self.blocks = inner, blocks
+        # no decode_times: not a BulkRunner, so every batch goes through prepare, to be checked
         self.name, self.simulated, self.reads_tokens = inner.name, inner.simulated, inner.reads_tokens
-        self.runs_in_bulk, self.overlaps = False, inner.overlaps  # every batch goes through prepare, to be checked
         self.by_id = {r.request_id: r for r in requests}
         self.prepared: set[int] = set()  # requests of the batch prepared and not yet launched
         self.on_device: list[set[int]] = []  # requests of each batch launched and not yet collected, oldest first
@@ -62,8 +62,7 @@ class CheckedRunner:
         return logits
 
     def chains(self, batch: Batch) -> bool:
-        inner = getattr(self.inner, "chains", None)
-        return inner is not None and inner(batch)
+        return self.inner.chains(batch)
 
     def launch(self, prepared, swap, previous, on_device) -> None:
         assert not self.on_device or previous is None, "a second launch before the first was collected"

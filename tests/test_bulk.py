@@ -1,4 +1,4 @@
-"""Iterations run in bulk (Engine._run_in_bulk) give what a pass of the loop each gives.
+"""Iterations run in bulk (profiler/bulk.py) give what a pass of the loop each gives.
 
 Two computations of the same run: the engine with bulk runs on and off. Their run logs (every row
 of the iteration, event and request tables), the requests' final state and the run's summary must be
@@ -17,16 +17,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_scheduler_properties import configs, requests
 
-from itertrace.profiler.batch import Batch, SamplingParams
+from itertrace.profiler.scheduling.batch import Batch, SamplingParams
 from itertrace.profiler.clock import SimClock
 from itertrace.profiler.engine import Engine
-from itertrace.profiler.kv import BlockManager
-from itertrace.profiler.nvtx_ranges import Tracer, tokens_text
-from itertrace.profiler.request import PreemptKind
-from itertrace.profiler.runlog import RunLog
-from itertrace.profiler.scheduler import Scheduler, SchedulerConfig
+from itertrace.profiler.scheduling.kv import BlockManager
+from itertrace.profiler.tracing.nvtx_ranges import Tracer, tokens_text
+from itertrace.profiler.scheduling.request import PreemptKind
+from itertrace.profiler.tracing.runlog import RunLog
+from itertrace.profiler.scheduling.scheduler import Scheduler, SchedulerConfig
 from itertrace.profiler.session import RunSpec, run
-from itertrace.profiler.sim_runner import CostModel, SimulatedRunner
+from itertrace.profiler.runners.sim_runner import CostModel, SimulatedRunner
 from itertrace.profiler.workloads import RequestSpec, build_requests, synthetic
 
 

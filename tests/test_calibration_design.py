@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from itertrace.profiler.calibrate import SHORT_PREFILL, design, fit, nonnegative_lstsq
-from itertrace.profiler.scheduler import Mode
+from itertrace.profiler.runners.calibrate import SHORT_PREFILL, design, fit, nonnegative_lstsq
+from itertrace.profiler.scheduling.scheduler import Mode
 
 
 def test_fit_recovers_four_terms_from_noisy_synthetic_iterations():
@@ -42,9 +42,9 @@ def test_design_covers_the_slot_time_experiments_batch_shapes():
 
 
 def test_calibration_on_the_simulated_runner_recovers_a_per_sequence_term():
-    from itertrace.profiler.calibrate import calibrate
+    from itertrace.profiler.runners.calibrate import calibrate
     from itertrace.profiler.session import RunSpec
-    from itertrace.profiler.sim_runner import CostModel
+    from itertrace.profiler.runners.sim_runner import CostModel
 
     truth = CostModel(fixed_ns=3e6, per_seq_ns=2e5, per_token_ns=4.5e4, per_context_token_ns=900)
     fitted, stats = calibrate(RunSpec(runner="simulated", cost=truth), n=16, repeats=1)

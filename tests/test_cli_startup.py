@@ -7,9 +7,9 @@ import sys
 from itertrace.ingest import IngestOptions
 from itertrace.ingest.cli import BATCH_ROWS
 from itertrace.profiler.cli import MODES, POLICIES, PREEMPTIONS
-from itertrace.profiler.policies import Policy
-from itertrace.profiler.request import PreemptKind
-from itertrace.profiler.scheduler import Mode
+from itertrace.profiler.scheduling.policies import Policy
+from itertrace.profiler.scheduling.request import PreemptKind
+from itertrace.profiler.scheduling.scheduler import Mode
 from itertrace.queries import output
 from itertrace.queries.cli import FORMATS
 

@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 import torch
 
-from itertrace.profiler.batch import Batch, SamplingParams, SwapPlan
+from itertrace.profiler.scheduling.batch import Batch, SamplingParams, SwapPlan
 from itertrace.profiler.clock import WallClock
 from itertrace.profiler.engine import Engine
-from itertrace.profiler.kv import BlockManager
-from itertrace.profiler.model import ModelConfig
-from itertrace.profiler.request import PreemptKind
-from itertrace.profiler.scheduler import Scheduler, SchedulerConfig
-from itertrace.profiler.torch_runner import TorchRunner
+from itertrace.profiler.scheduling.kv import BlockManager
+from itertrace.profiler.runners.torch.model import ModelConfig
+from itertrace.profiler.scheduling.request import PreemptKind
+from itertrace.profiler.scheduling.scheduler import Scheduler, SchedulerConfig
+from itertrace.profiler.runners.torch.torch_runner import TorchRunner
 from itertrace.profiler.workloads import RequestSpec, build_requests
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -36,7 +36,7 @@ class Lockstep:
     with `devices=("cuda", "cuda")` they must agree bit for bit (a CUDA run is reproducible).
     """
 
-    name, simulated, reads_tokens, runs_in_bulk = "lockstep", False, True, False
+    name, simulated, reads_tokens = "lockstep", False, True
 
     def __init__(self, devices=("cpu", "cuda"), **kw) -> None:
         self.cpu = TorchRunner(CONFIG, device=devices[0], **kw)

@@ -244,8 +244,8 @@ def test_a_run_stopped_by_sigterm_says_so_and_leaves_nothing(tmp_path):
 
 @pytest.mark.parametrize("r2, warned", [(0.37, True), (0.93, False)])
 def test_calibrate_warns_of_a_poor_fit_and_still_writes_it(tmp_path, capsys, monkeypatch, r2, warned):
-    from itertrace.profiler import calibrate
-    from itertrace.profiler.sim_runner import CostModel
+    from itertrace.profiler.runners import calibrate
+    from itertrace.profiler.runners.sim_runner import CostModel
 
     stats = {"iterations": 40, "r2": r2, "median_abs_error_pct": 30.1}
     monkeypatch.setattr(calibrate, "calibrate", lambda spec: (CostModel(), stats))
@@ -259,8 +259,8 @@ def test_calibrate_warns_of_a_poor_fit_and_still_writes_it(tmp_path, capsys, mon
 def test_calibrate_replaces_only_a_cost_model_it_wrote(tmp_path, capsys, monkeypatch):
     """--out refuses a file calibrate did not write (a settings file, a run's JSON), before the minutes
     calibrating takes, and leaves it as it was; a cost model written before is replaced."""
-    from itertrace.profiler import calibrate
-    from itertrace.profiler.sim_runner import CostModel
+    from itertrace.profiler.runners import calibrate
+    from itertrace.profiler.runners.sim_runner import CostModel
 
     calls = []
     monkeypatch.setattr(calibrate, "calibrate", lambda spec: calls.append(spec) or (CostModel(), {

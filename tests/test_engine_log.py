@@ -11,14 +11,14 @@ import pytest
 
 from itertrace.profiler import workloads as wl
 from itertrace.profiler.clock import SimClock
-from itertrace.profiler.decision import Event, EventKind, TokenEvents
+from itertrace.profiler.scheduling.decision import Event, EventKind, TokenEvents
 from itertrace.profiler.engine import Engine
-from itertrace.profiler.kv import BlockManager
-from itertrace.profiler.nvtx_ranges import Tracer, tokens_text
-from itertrace.profiler.request import PreemptKind, Reason
-from itertrace.profiler.runlog import ITERATIONS, RunLog
-from itertrace.profiler.scheduler import Scheduler, SchedulerConfig
-from itertrace.profiler.sim_runner import SimulatedRunner
+from itertrace.profiler.scheduling.kv import BlockManager
+from itertrace.profiler.tracing.nvtx_ranges import Tracer, tokens_text
+from itertrace.profiler.scheduling.request import PreemptKind, Reason
+from itertrace.profiler.tracing.runlog import ITERATIONS, RunLog
+from itertrace.profiler.scheduling.scheduler import Scheduler, SchedulerConfig
+from itertrace.profiler.runners.sim_runner import SimulatedRunner
 
 
 def test_event_rows_and_token_blocks_keep_their_order_across_row_groups(tmp_path):

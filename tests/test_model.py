@@ -11,10 +11,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from itertrace.errors import UserError
-from itertrace.profiler.batch import Batch, SamplingParams, SeqWork
-from itertrace.profiler.checkpoint import load_checkpoint, save_checkpoint
-from itertrace.profiler.model import ModelConfig, apply_rotary, random_model, rotary_cos_sin
-from itertrace.profiler.torch_runner import TorchRunner
+from itertrace.profiler.scheduling.batch import Batch, SamplingParams, SeqWork
+from itertrace.profiler.runners.torch.checkpoint import load_checkpoint, save_checkpoint
+from itertrace.profiler.runners.torch.model import ModelConfig, apply_rotary, random_model, rotary_cos_sin
+from itertrace.profiler.runners.torch.torch_runner import TorchRunner
 
 TINY = ModelConfig(vocab_size=260, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=48)
 
@@ -162,8 +162,8 @@ def test_transformers_5_rope_parameters_are_read(tmp_path: Path) -> None:
 @pytest.mark.parametrize("heads, kv_heads", [(4, 4), (8, 2)])
 def test_decode_attention_reads_each_context_exactly(monkeypatch, chunk_keys, heads, kv_heads, summed) -> None:
     """Varlen decode attention (chunked or not) equals dense softmax attention over each decode's own keys."""
-    from itertrace.profiler import model as model_mod
-    from itertrace.profiler.model import Attention, AttentionMetadata
+    from itertrace.profiler.runners.torch import model as model_mod
+    from itertrace.profiler.runners.torch.model import Attention, AttentionMetadata
 
     monkeypatch.setattr(model_mod, "DECODE_CHUNK_KEYS", chunk_keys)
     if summed == "tree":
@@ -191,7 +191,7 @@ def test_decode_attention_reads_each_context_exactly(monkeypatch, chunk_keys, he
 def test_tree_segment_sum_equals_index_add(lens) -> None:
     """The fixed-order sum CUDA uses adds each decode's blocks exactly as index_add_ does (up to rounding),
     for ragged decodes, decodes holding no block, and one long context among many short ones."""
-    from itertrace.profiler.model import AttentionMetadata, segment_sum, tree_segment_sum
+    from itertrace.profiler.runners.torch.model import AttentionMetadata, segment_sum, tree_segment_sum
 
     bs = 16
     lens_t = torch.tensor(lens)

@@ -1,4 +1,4 @@
-"""The NVTX names the engine emits (profiler/nvtx_ranges.py, defined once) are the names the queries read.
+"""The NVTX names the engine emits (profiler/tracing/nvtx_ranges.py, defined once) are the names the queries read.
 
 The SQL cannot import Python, so this test holds the two together: the mapping preset's macros,
 evaluated in DuckDB, and every NVTX name any query compares with, against nvtx_ranges' exports.
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import duckdb
 
-from itertrace.profiler import nvtx_ranges as nv
+from itertrace.profiler.tracing import nvtx_ranges as nv
 from itertrace.queries.presets import module_sql
 
 QUERIES = Path(__file__).resolve().parents[1] / "queries"

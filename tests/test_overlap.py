@@ -23,15 +23,15 @@ from hypothesis import strategies as st
 from overlap_checks import CheckedRunner
 from test_scheduler_properties import configs, kv_pressure, requests
 
-from itertrace.profiler.batch import SamplingParams
+from itertrace.profiler.scheduling.batch import SamplingParams
 from itertrace.profiler.clock import SimClock
 from itertrace.profiler.engine import Engine
-from itertrace.profiler.kv import BlockManager
-from itertrace.profiler.request import Phase, PreemptKind
-from itertrace.profiler.runlog import RunLog
-from itertrace.profiler.scheduler import Scheduler, SchedulerConfig
+from itertrace.profiler.scheduling.kv import BlockManager
+from itertrace.profiler.scheduling.request import Phase, PreemptKind
+from itertrace.profiler.tracing.runlog import RunLog
+from itertrace.profiler.scheduling.scheduler import Scheduler, SchedulerConfig
 from itertrace.profiler.session import RunSpec, run
-from itertrace.profiler.sim_runner import CostModel, SimulatedRunner
+from itertrace.profiler.runners.sim_runner import CostModel, SimulatedRunner
 from itertrace.profiler.workloads import RequestSpec, build_requests
 
 DONE = (Phase.FINISHED_LENGTH, Phase.FINISHED_STOP)

@@ -14,15 +14,15 @@ from overlap_checks import CheckedRunner
 from test_scheduler_properties import kv_pressure
 from test_torch_runner import BLOCK, SMALL, decode_batch
 
-from itertrace.profiler.batch import Batch, SamplingParams, SwapPlan
+from itertrace.profiler.scheduling.batch import Batch, SamplingParams, SwapPlan
 from itertrace.profiler.clock import WallClock
 from itertrace.profiler.engine import Engine
-from itertrace.profiler.kv import BlockManager
-from itertrace.profiler.launcher import Launcher
-from itertrace.profiler.model import ModelConfig
-from itertrace.profiler.request import Phase, PreemptKind
-from itertrace.profiler.scheduler import Scheduler, SchedulerConfig
-from itertrace.profiler.torch_runner import TorchRunner
+from itertrace.profiler.scheduling.kv import BlockManager
+from itertrace.profiler.runners.torch.launcher import Launcher
+from itertrace.profiler.runners.torch.model import ModelConfig
+from itertrace.profiler.scheduling.request import Phase, PreemptKind
+from itertrace.profiler.scheduling.scheduler import Scheduler, SchedulerConfig
+from itertrace.profiler.runners.torch.torch_runner import TorchRunner
 from itertrace.profiler.workloads import build_requests, worked_example
 
 TINY = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=64)

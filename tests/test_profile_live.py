@@ -23,7 +23,7 @@ import pytest
 from itertrace.cli import main
 from itertrace.ingest.nsys import machine_traces
 from itertrace.ingest.profile import run_target
-from itertrace.profiler.nvtx_ranges import PHASES
+from itertrace.profiler.tracing.nvtx_ranges import PHASES
 
 needs_nsys = pytest.mark.skipif(shutil.which("nsys") is None, reason="nsys (Nsight Systems) is not installed")
 ITERTRACE = str(Path(sys.executable).with_name("itertrace"))

@@ -10,7 +10,7 @@ from query_fixtures import TID_A, TID_C, mark, pid_of, projection, push_pop, pha
 
 from conftest import SAMPLES
 from itertrace.errors import UserError
-from itertrace.profiler.nvtx_ranges import PhaseName
+from itertrace.profiler.tracing.nvtx_ranges import PhaseName
 from itertrace.cli import main
 from itertrace.queries import QueryDB, set_params
 

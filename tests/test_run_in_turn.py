@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 
 from itertrace.profiler import clock as clock_module
 from itertrace.profiler.clock import WallClock
-from itertrace.profiler.scheduler import Mode
+from itertrace.profiler.scheduling.scheduler import Mode
 from itertrace.profiler.session import RunSpec, run, run_in_turn, summarize
 from itertrace.profiler.workloads import build_requests
 from itertrace.profiler.workloads import slot_time as slot_time_specs

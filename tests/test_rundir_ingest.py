@@ -16,7 +16,7 @@ from export_closing import closing_tables
 from itertrace.cli import main
 from itertrace.ingest import ingest
 from itertrace.ingest.run_schema import META_COLUMNS, RUN_TABLES
-from itertrace.profiler.runlog import TABLES as ENGINE_TABLES
+from itertrace.profiler.tracing.runlog import TABLES as ENGINE_TABLES
 
 TABLES = {"iterations": "run_iterations", "events": "run_events", "requests": "run_requests"}
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 from itertrace.profiler import experiments
-from itertrace.profiler.calibrate import calibrate
+from itertrace.profiler.runners.calibrate import calibrate
 from itertrace.profiler.session import ModelSpec, RunSpec
-from itertrace.profiler.sim_runner import CostModel
+from itertrace.profiler.runners.sim_runner import CostModel
 from itertrace.profiler.summary_table import format_experiment
 
 

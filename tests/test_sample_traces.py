@@ -9,7 +9,7 @@ import duckdb
 import pytest
 
 from itertrace.ingest import ingest
-from itertrace.profiler.nvtx_ranges import PHASES
+from itertrace.profiler.tracing.nvtx_ranges import PHASES
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
 NAMES = ("worked-example-static", "worked-example-continuous")

@@ -8,17 +8,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from itertrace.profiler import experiments
-from itertrace.profiler.batch import SwapPlan
-from itertrace.profiler.budget import Budget
+from itertrace.profiler.scheduling.batch import SwapPlan
+from itertrace.profiler.scheduling.budget import Budget
 from itertrace.profiler.clock import SimClock
 from itertrace.profiler.engine import Engine
-from itertrace.profiler.kv import BlockManager, BlockPool, OutOfBlocks
-from itertrace.profiler.policies import Policy, sort_key
-from itertrace.profiler.preemption import victim
-from itertrace.profiler.request import Phase, PreemptKind, Reason, Transition
-from itertrace.profiler.scheduler import Limit, Mode, Scheduler, SchedulerConfig
+from itertrace.profiler.scheduling.kv import BlockManager, BlockPool, OutOfBlocks
+from itertrace.profiler.scheduling.policies import Policy, sort_key
+from itertrace.profiler.scheduling.preemption import victim
+from itertrace.profiler.scheduling.request import Phase, PreemptKind, Reason, Transition
+from itertrace.profiler.scheduling.scheduler import Limit, Mode, Scheduler, SchedulerConfig
 from itertrace.profiler.session import RunSpec, run
-from itertrace.profiler.sim_runner import SimulatedRunner
+from itertrace.profiler.runners.sim_runner import SimulatedRunner
 from itertrace.profiler.workloads import RequestSpec, build_requests, slot_time, worked_example
 
 

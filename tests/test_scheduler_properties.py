@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 
 from itertrace.profiler.clock import SimClock
 from itertrace.profiler.engine import Engine
-from itertrace.profiler.kv import BlockManager
-from itertrace.profiler.policies import Policy
-from itertrace.profiler.request import Phase, PreemptKind, Reason
-from itertrace.profiler.runlog import RunLog
-from itertrace.profiler.scheduler import Mode, Scheduler, SchedulerConfig
-from itertrace.profiler.sim_runner import SimulatedRunner
+from itertrace.profiler.scheduling.kv import BlockManager
+from itertrace.profiler.scheduling.policies import Policy
+from itertrace.profiler.scheduling.request import Phase, PreemptKind, Reason
+from itertrace.profiler.tracing.runlog import RunLog
+from itertrace.profiler.scheduling.scheduler import Mode, Scheduler, SchedulerConfig
+from itertrace.profiler.runners.sim_runner import SimulatedRunner
 from itertrace.profiler.workloads import RequestSpec, build_requests
 
 requests = st.lists(

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from itertrace.profiler import tokenizer
-from itertrace.profiler.tokenizer import (BOS, EOS, PAD, IncrementalDetokenizer, SynthPrompt, decode,
+from itertrace.profiler.workloads import tokenizer
+from itertrace.profiler.workloads.tokenizer import (BOS, EOS, PAD, IncrementalDetokenizer, SynthPrompt, decode,
                                           encode, synth_prompt)
 
 TEXT = "naïve 東京 🎉"

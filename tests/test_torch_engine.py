@@ -5,8 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from itertrace.profiler.request import Phase, PreemptKind
-from itertrace.profiler.scheduler import Mode, SchedulerConfig
+from itertrace.profiler.scheduling.request import Phase, PreemptKind
+from itertrace.profiler.scheduling.scheduler import Mode, SchedulerConfig
 from itertrace.profiler.session import ModelSpec, RunSpec, run
 from itertrace.profiler.workloads import RequestSpec, build_requests
 
@@ -48,7 +48,7 @@ def test_preemption_under_kv_pressure_gives_the_same_tokens(kind):
 
 
 def test_sampled_requests_are_reproducible_and_stop_on_a_stop_token():
-    from itertrace.profiler.batch import SamplingParams
+    from itertrace.profiler.scheduling.batch import SamplingParams
 
     sampling = SamplingParams(temperature=0.9, top_k=40, top_p=0.95)
     a, _ = _outputs(_spec(max_num_seqs=4), sampling=sampling)

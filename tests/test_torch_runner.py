@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from itertrace.profiler.batch import Batch, SamplingParams, SeqWork, SwapPlan
-from itertrace.profiler.model import ModelConfig
-from itertrace.profiler.sampling import Sampler, filter_logits
-from itertrace.profiler.scripted_decode import ScriptedDecode
-from itertrace.profiler.torch_runner import TorchRunner
+from itertrace.profiler.scheduling.batch import Batch, SamplingParams, SeqWork, SwapPlan
+from itertrace.profiler.runners.torch.model import ModelConfig
+from itertrace.profiler.runners.torch.sampling import Sampler, filter_logits
+from itertrace.profiler.runners.torch.scripted_decode import ScriptedDecode
+from itertrace.profiler.runners.torch.torch_runner import TorchRunner
 
 BLOCK = 4
 SMALL = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=4, intermediate_size=96)

@@ -76,7 +76,7 @@ def hidden_phases(spec: RunSpec) -> tuple[str, ...]:
     chains iterations (TorchRunner.chains: on the CPU, every row greedy, as in the worked example), else HIDDEN."""
     if spec.runner != "torch":
         return HIDDEN
-    from itertrace.profiler.torch_runner import TorchRunner
+    from itertrace.profiler.runners.torch.torch_runner import TorchRunner
 
     device = spec.model.device or ("cuda" if _cuda() else "cpu")
     return HIDDEN_CHAINED if hasattr(TorchRunner, "chains") and device == "cpu" else HIDDEN

@@ -13,10 +13,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from itertrace.errors import UserError
-from itertrace.profiler.batch import SamplingParams
+from itertrace.profiler.scheduling.batch import SamplingParams
 from itertrace.profiler.gcquiet import no_full_collections
-from itertrace.profiler.request import Request
-from itertrace.profiler.tokenizer import EOS, SynthPrompt
+from itertrace.profiler.scheduling.request import Request
+from itertrace.profiler.workloads.tokenizer import EOS, SynthPrompt
 
 # The variable workload: mean output length exactly 128, as the uniform one. The probabilities
 # are whole counts in every 20 requests (4, 4, 3, 3, 3, 1, 1, 1), whose lengths add up to 20 x 128.

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from itertrace.profiler.decision import Limit, SchedulerConfig
-from itertrace.profiler.request import Request
+from itertrace.profiler.scheduling.decision import Limit, SchedulerConfig
+from itertrace.profiler.scheduling.request import Request
 
 
 def prefill_room(config: SchedulerConfig) -> int:

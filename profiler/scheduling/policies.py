@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable, Iterator
 from itertools import count
 
-from itertrace.profiler.request import Phase, Request
+from itertrace.profiler.scheduling.request import Phase, Request
 
 
 class Policy(enum.Enum):

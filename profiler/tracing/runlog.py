@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from itertrace.profiler.arrow_tables import Codes, coded, encodings, mixed_table, rows_table
-from itertrace.profiler.decision import EventKind
+from itertrace.profiler.tracing.arrow_tables import Codes, coded, encodings, mixed_table, rows_table
+from itertrace.profiler.scheduling.decision import EventKind
 
 ITERATIONS = pa.schema([
     ("iteration", pa.int64()),

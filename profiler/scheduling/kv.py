@@ -5,7 +5,7 @@ from itertools import repeat
 
 import numpy as np
 
-from itertrace.profiler.request import Request
+from itertrace.profiler.scheduling.request import Request
 
 
 class OutOfBlocks(Exception):

@@ -15,10 +15,10 @@ import heapq
 from collections.abc import Callable
 from itertools import repeat
 
-from itertrace.profiler.batch_builder import DecodeRows
-from itertrace.profiler.kv import BlockManager
-from itertrace.profiler.policies import SortKey
-from itertrace.profiler.request import Request
+from itertrace.profiler.scheduling.batch_builder import DecodeRows
+from itertrace.profiler.scheduling.kv import BlockManager
+from itertrace.profiler.scheduling.policies import SortKey
+from itertrace.profiler.scheduling.request import Request
 
 
 def victim(live: list[Request], work: list[tuple[Request, int]], needy: Request) -> Request:

@@ -5,7 +5,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from itertrace.profiler.batch import SamplingParams
+from itertrace.profiler.scheduling.batch import SamplingParams
 
 
 class Phase(enum.Enum):

@@ -10,13 +10,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from itertrace.profiler.batch import Batch, SwapPlan
-from itertrace.profiler.checkpoint import load_checkpoint
-from itertrace.profiler.decode_inputs import DecodeInputs
-from itertrace.profiler.launcher import Launcher
-from itertrace.profiler.model import AttentionMetadata, ModelConfig, random_model
-from itertrace.profiler.sampling import Sampler
-from itertrace.profiler.scripted_decode import ScriptedDecode
+from itertrace.profiler.scheduling.batch import Batch, Placeholders, SwapPlan
+from itertrace.profiler.runners.torch.checkpoint import load_checkpoint
+from itertrace.profiler.runners.torch.decode_inputs import DecodeInputs
+from itertrace.profiler.runners.torch.launcher import Launcher
+from itertrace.profiler.runners.torch.model import AttentionMetadata, ModelConfig, random_model
+from itertrace.profiler.runners.torch.sampling import Sampler
+from itertrace.profiler.runners.torch.scripted_decode import ScriptedDecode
 
 
 @dataclass
@@ -27,15 +27,8 @@ class PreparedBatch:
     positions: Tensor  # [T]
     meta: AttentionMetadata
     sample_rows: Tensor  # [S] row of the last token of each sequence with sample=True, in batch order
-    # overlap mode: (places in input_ids, rows of the previous iteration's tokens) of the placeholder tokens
-    # (see Runner), which launch puts in; None when there are none
-    placeholders: tuple[np.ndarray, np.ndarray] | None = None
-
-
-def _placeholders(token_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """(places, rows of the previous iteration's tokens) of the placeholders among token ids; None if none."""
-    at = np.flatnonzero(token_ids < 0)
-    return (at, -1 - token_ids[at]) if len(at) else None
+    # overlap mode: the placeholder tokens in input_ids, which launch puts in; None when there are none
+    placeholders: Placeholders | None = None
 
 
 class TorchRunner:
@@ -48,8 +41,6 @@ class TorchRunner:
     name = "torch"
     simulated = False
     reads_tokens = True
-    runs_in_bulk = False  # a model's tokens come one forward pass at a time
-    overlaps = True
 
     def __init__(
         self,
@@ -168,7 +159,7 @@ class TorchRunner:
             decode_block_tables=self._tensor(tables),
             decode_context_lens=self._tensor(context[decode]),
         )
-        placeholders = _placeholders(batch.token_ids) if len(batch.token_ids) else None
+        placeholders = Placeholders.find(batch.token_ids) if len(batch.token_ids) else None
         return PreparedBatch(
             # launch writes the placeholders' tokens into a copy: a batch's arrays are never written
             input_ids=self._tensor(batch.token_ids if placeholders is None else batch.token_ids.copy()),
@@ -204,7 +195,7 @@ class TorchRunner:
         width = top_pos // bs + 1  # blocks the longest context needs
         vocab, positions, slots = self._decode_limits
         placeholders = None
-        if top_token >= vocab and (placeholders := _placeholders(batch.token_ids)) is not None:
+        if top_token >= vocab and (placeholders := Placeholders.find(batch.token_ids)) is not None:
             top_token = int(batch.token_ids.max())  # the others' tokens are checked, the placeholders' put in later
         if (top_token >= vocab or top_pos >= positions or top_slot >= slots or width > tables.shape[1]
                 or inputs.bad_block):
@@ -354,7 +345,7 @@ class TorchRunner:
             return
         if batch.num_tokens.min() < 1:
             raise ValueError(f"request {int(batch.request_ids[batch.num_tokens.argmin()])}: no tokens to run")
-        if batch.token_ids.max() >= self.vocab_size:  # a negative one is a placeholder (see Runner)
+        if batch.token_ids.max() >= self.vocab_size:  # a negative one is a placeholder (Placeholders)
             raise ValueError(f"batch {batch.iteration}: token id outside [0, {self.vocab_size})")
         context = batch.context_lens
         if context.max() > self.config.max_position:

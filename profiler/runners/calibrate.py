@@ -35,9 +35,9 @@ import numpy as np
 
 from itertrace.errors import UserError
 from itertrace.targets import hidden_file
-from itertrace.profiler.scheduler import Decision, Mode
+from itertrace.profiler.scheduling.scheduler import Decision, Mode
 from itertrace.profiler.session import RunSpec, make_runner, run
-from itertrace.profiler.sim_runner import CostModel
+from itertrace.profiler.runners.sim_runner import CostModel
 from itertrace.profiler.workloads import RequestSpec, build_requests
 
 SHORT_PREFILL = 64  # longest prefill chunk an iteration may hold and still be a design point

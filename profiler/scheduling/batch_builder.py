@@ -15,10 +15,10 @@ from itertools import chain, repeat
 
 import numpy as np
 
-from itertrace.profiler.batch import Batch, JoinedTables, SamplingParams
-from itertrace.profiler.kv import BlockManager
-from itertrace.profiler.policies import SortKey
-from itertrace.profiler.request import Request
+from itertrace.profiler.scheduling.batch import Batch, JoinedTables, SamplingParams
+from itertrace.profiler.scheduling.kv import BlockManager
+from itertrace.profiler.scheduling.policies import SortKey
+from itertrace.profiler.scheduling.request import Request
 
 _NONE = np.empty(0, dtype=np.int64)  # no rows (never written)
 _NEVER = 2**62  # iterations until something that never comes

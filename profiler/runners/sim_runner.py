@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from itertrace.profiler.batch import Batch, SwapPlan
+from itertrace.profiler.scheduling.batch import Batch, SwapPlan
 from itertrace.profiler.clock import SimClock
 
 
@@ -14,7 +14,7 @@ class CostModel:
     """Iteration time = fixed + per sequence + per scheduled token + per context token read (+ per swapped block).
 
     Context tokens are each sequence's own context (start position + tokens), as a paged (varlen)
-    attention kernel reads them; the torch runner's attention reads the same (profiler/model.py).
+    attention kernel reads them; the torch runner's attention reads the same (profiler/runners/torch/model.py).
     """
 
     fixed_ns: float = 8_000_000.0  # weights read once per iteration
@@ -51,13 +51,11 @@ def _tokens(request_ids: np.ndarray, generated: np.ndarray) -> np.ndarray:
 
 
 class SimulatedRunner:
-    """Implements the Runner interface; sampled tokens are deterministic stand-ins, never a stop token."""
+    """A BulkRunner and an OverlapRunner (batch.py); sampled tokens are deterministic stand-ins, never a stop token."""
 
     name = "simulated"
     simulated = True
     reads_tokens = False  # the cost model counts tokens; it never reads them
-    runs_in_bulk = True
-    overlaps = True
 
     def __init__(self, clock: SimClock, cost: CostModel | None = None) -> None:
         self.clock = clock
@@ -78,6 +76,10 @@ class SimulatedRunner:
 
     def collect(self) -> None:
         self.clock.sleep_until(self._device_done_ns)
+
+    def chains(self, batch: Batch) -> bool:
+        """Never: its tokens come from the host after each forward pass."""
+        return False
 
     def forward(self, prepared: Batch) -> None:
         self.clock.advance(self.cost.forward_ns(prepared))

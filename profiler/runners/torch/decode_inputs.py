@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from itertrace.profiler.torch_runner import PreparedBatch
+    from itertrace.profiler.runners.torch.torch_runner import PreparedBatch
 
 
 class DecodeInputs:

@@ -28,22 +28,27 @@ This module holds the scheduler's state, its calls and the passes of each iterat
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
-from itertrace.profiler.admission import Admission
-from itertrace.profiler.batch import SwapPlan
-from itertrace.profiler.batch_builder import DecodeRows, build_batch
-from itertrace.profiler.budget import Budget, prefill_room
-from itertrace.profiler.decision import Decision, Event, EventKind, Limit, Mode, SchedulerConfig, TokenEvents
-from itertrace.profiler.kv import BlockManager
-from itertrace.profiler.policies import WaitQueue, sort_key
-from itertrace.profiler.postprocess import commit_decode_steps, commit_sampled, commit_tokens
-from itertrace.profiler.preemption import make_room, victim
-from itertrace.profiler.request import Phase, PreemptKind, Reason, Request
+from itertrace.profiler.scheduling.admission import Admission
+from itertrace.profiler.scheduling.batch import Placeholders, SwapPlan
+from itertrace.profiler.scheduling.batch_builder import DecodeRows, build_batch
+from itertrace.profiler.scheduling.budget import Budget, prefill_room
+from itertrace.profiler.scheduling.decision import Decision, Event, EventKind, Limit, Mode, SchedulerConfig, TokenEvents
+from itertrace.profiler.scheduling.kv import BlockManager
+from itertrace.profiler.scheduling.policies import WaitQueue, sort_key
+from itertrace.profiler.scheduling.postprocess import commit_decode_steps, commit_sampled, commit_tokens
+from itertrace.profiler.scheduling.preemption import make_room, victim
+from itertrace.profiler.scheduling.request import Phase, PreemptKind, Reason, Request
 
 __all__ = ["Decision", "Event", "EventKind", "Limit", "Mode", "Scheduler", "SchedulerConfig", "TokenEvents"]
+
+
+def _check_tokens(decision: Decision, tokens: np.ndarray, iteration: int) -> None:
+    """One token per sampled row, or an error."""
+    if len(tokens) != len(decision.batch.sampled_ids):
+        raise ValueError(f"iteration {iteration}: {len(tokens)} tokens for {len(decision.batch.sampled_ids)} "
+                         "sampled sequences")
 
 
 def _preempted_at(req: Request, iteration: int) -> bool:
@@ -261,23 +266,25 @@ class Scheduler:
 
         `tokens` holds one token per sampled row, in batch order (see postprocess.commit_tokens).
         """
-        ids = decision.batch.sampled_ids
-        if len(tokens) != len(ids):
-            raise ValueError(f"iteration {iteration}: {len(tokens)} tokens for {len(ids)} sampled sequences")
+        _check_tokens(decision, tokens, iteration)
+        return self._commit(decision, tokens, iteration, self.events)
+
+    def _commit(self, decision: Decision, tokens: np.ndarray, iteration: int,
+                events: list[Event | TokenEvents]) -> list[Request]:
+        """postprocess.commit_tokens on the decision's rows, the decode rows first."""
         n_rows, self._rows_run = self._rows_run, 0
-        return commit_tokens(decision, tokens, iteration, self._rows, n_rows, self.events, self._finish)
+        return commit_tokens(decision, tokens, iteration, self._rows, n_rows, events, self._finish)
 
     # ---- iterations in bulk ------------------------------------------------------------------------
-    def bulk_rows(self, decision: Decision) -> DecodeRows | None:
-        """The decode rows, when `decision` (just scheduled, not yet run) runs them and nothing else; None
-        otherwise.
+    def bulk_steps(self, decision: Decision) -> int:
+        """How many iterations, `decision` (just scheduled, not yet run) first, run the decode rows and nothing
+        else before a row samples its last token (max_tokens); 0 when `decision` runs anything else.
 
-        Then this iteration and the ones after it schedule the same rows, each one position further,
-        with the same limit, until a row finishes, a request arrives or is canceled, or a row needs a
-        block the pool lacks: nothing else moves. A queued request that could not start now cannot start
-        then either: the token budget left to it is the same, and the free blocks (less those promised
-        to others, in preemption mode "reject") only shrink as the rows grow. In static mode every live
-        member must be a decode row.
+        Such iterations schedule the same rows, each one position further, with the same limit, until a
+        row finishes, a request arrives or is canceled, or a row needs a block the pool lacks: nothing
+        else moves. A queued request that could not start now cannot start then either: the token budget
+        left to it is the same, and the free blocks (less those promised to others, in preemption mode
+        "reject") only shrink as the rows grow. In static mode every live member must be a decode row.
         """
         rows = self._rows
         if (rows is None or not len(rows) or self.events
@@ -285,43 +292,56 @@ class Scheduler:
                 or decision.swap.swap_out or decision.swap.swap_in
                 or decision.admitted or decision.resumed or decision.preempted or decision.rejected
                 or len(self.running) - len(decision.finished_member_ids) != len(rows)):
-            return None
-        return rows
+            return 0
+        return rows.steps_to_finish()
 
-    def commit_bulk(self, rows: DecodeRows, tokens: np.ndarray, block_steps: np.ndarray,
-                    block_rows: np.ndarray) -> None:
-        """Commit len(tokens) iterations of `rows` at once (see bulk_rows): their tokens
-        ([steps, D]) and their new KV blocks (`DecodeRows.blocks_ahead`, which the pool has)."""
+    def commit_bulk(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Commit at once the leading iterations of `tokens` ([steps, D]: the decode rows' tokens in iterations
+        that `bulk_steps` counted, the one just scheduled first) up to the first where a row may stop on a
+        stop token or a row needs a block the pool lacks (it runs as usual: it preempts). Returns [n] KV
+        blocks allocated and [n] in use in each of the n iterations committed; None when n would be 0."""
+        rows, blocks = self._rows, self.blocks
+        steps = rows.first_stop(tokens)
+        block_steps, block_rows = rows.blocks_ahead(steps)  # this iteration's blocks are taken already
+        free = blocks.device.num_free
+        if len(block_rows) > free:
+            steps = int(block_steps[free])
+        if steps <= 0:
+            return None
+        taken = int(block_steps.searchsorted(steps))
+        block_steps, block_rows = block_steps[:taken], block_rows[:taken]
+        allocated = np.bincount(block_steps, minlength=steps)
+        in_use = blocks.device.num_used + np.cumsum(allocated)
+        allocated[0] = blocks.allocated_this_iteration
         if len(block_rows):
-            rows.grow_ahead(block_steps, block_rows, self.blocks)
+            rows.grow_ahead(block_steps, block_rows, blocks)
             if self._admission.reserved:
                 for i in np.unique(block_rows).tolist():
                     self._admission.update(rows.reqs[i])
-        commit_decode_steps(rows, tokens)
+        commit_decode_steps(rows, tokens[:steps])
         self._rows_run = 0  # as postprocess leaves it
+        return allocated, in_use
 
     # ---- overlap mode: an iteration committed ahead of its tokens ---------------------------------------
     def commit_ahead(self, decision: Decision) -> None:
         """Overlap mode: commit an iteration just scheduled as if its tokens were in, each a placeholder
-        (-1 - j for the j-th sampled row, which the next batch's inputs carry until the runner puts the token
-        in), so that the next iteration can be scheduled while this one runs; and hold its requests'
-        blocks (BlockManager.hold) until the device is done with it. A request reaching max_tokens finishes
-        here, announced when its last token comes; a stop token can only be seen then (commit_sampled).
+        (batch.Placeholders), so that the next iteration can be scheduled while this one runs; and hold its
+        requests' blocks (BlockManager.hold) until the device is done with it (`device_done`). A request
+        reaching max_tokens finishes here, announced when its last token comes (its events wait for
+        `commit_sampled`); a stop token can only be seen then.
         """
         self.blocks.hold(decision.batch.request_ids)
-        n_rows, self._rows_run = self._rows_run, 0
-        placeholders = -1 - np.arange(len(decision.batch.sampled_ids), dtype=np.int64)
-        finish = lambda *finishing: self._finish(*finishing, announce=False)  # noqa: E731
-        commit_tokens(decision, placeholders, decision.iteration, self._rows, n_rows, [], finish)
+        self._commit(decision, Placeholders.tokens(len(decision.batch.sampled_ids)), decision.iteration, [])
+
+    def device_done(self) -> None:
+        """Overlap mode: the device finished the oldest iteration committed ahead; the blocks held for it go back."""
+        self.blocks.release_held()
 
     def commit_sampled(self, decision: Decision, tokens: np.ndarray) -> tuple[list[Request], np.ndarray]:
         """Overlap mode: the tokens of an iteration committed ahead (see postprocess.commit_sampled). Returns the
         requests that finished and [sampled] bool: the rows whose token counts."""
-        ids = decision.batch.sampled_ids
-        if len(tokens) != len(ids):
-            raise ValueError(f"iteration {decision.iteration}: {len(tokens)} tokens for {len(ids)} sampled sequences")
-        return commit_sampled(decision, tokens, self.events, self._finish_late, self._restate_finish,
-                              self._announce_finish)
+        _check_tokens(decision, tokens, decision.iteration)
+        return commit_sampled(decision, tokens, self.events, self._finish_late)
 
     def _finish_late(self, req: Request, phase: Phase, reason: Reason, iteration: int) -> None:
         """A stop token seen after later iterations were scheduled: the request's row (if any) leaves when the
@@ -329,22 +349,11 @@ class Scheduler:
         self._rows = None
         self._finish(req, phase, reason, iteration)
 
-    def _restate_finish(self, req: Request, phase: Phase, reason: Reason, iteration: int) -> None:
-        """A request finished on max_tokens ahead of a token that is a stop token: it finished on that token."""
-        req.transitions[-1] = replace(req.transitions[-1], iteration=iteration, dst=phase, reason=reason)
-        req.phase, req.stop_reason = phase, reason
-        self._announce_finish(req)
-
-    def _announce_finish(self, req: Request) -> None:
-        """The FINISH event of a request finished ahead of its last token, which is in now."""
-        self.events.append(Event(req.request_id, req.transitions[-1].iteration, EventKind.FINISH, req.stop_reason))
-
-    def _finish(self, req: Request, phase: Phase, reason: Reason, iteration: int, announce: bool = True) -> None:
+    def _finish(self, req: Request, phase: Phase, reason: Reason, iteration: int) -> None:
+        """A request reached a terminal state: what it held goes (its FINISH event is postprocess's)."""
         queued = req.phase is Phase.PREEMPTED and self.config.mode is Mode.CONTINUOUS  # overlap: see commit_sampled
         req.move(phase, reason, iteration)
         self._admission.release(req.request_id)
-        if announce:
-            self.events.append(Event(req.request_id, iteration, EventKind.FINISH, reason))
         if self.config.mode is Mode.CONTINUOUS:
             self.blocks.free(req)
             if queued:

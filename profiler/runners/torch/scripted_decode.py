@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from itertrace.profiler.model import DECODE_CHUNK_KEYS, AttentionMetadata, Transformer
+from itertrace.profiler.runners.torch.model import DECODE_CHUNK_KEYS, AttentionMetadata, Transformer
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -170,24 +170,40 @@ class SwapPlan:
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (swap slot, device block)
 
 
+class Placeholders(NamedTuple):
+    """Overlap mode: the tokens of a batch that the iteration before it has not sampled yet when it is made.
+
+    Among the batch's token ids, the j-th token the iteration before samples stands as `-1 - j` (`tokens`)
+    until a runner puts it in; `at` are the places of such ids in a batch's token ids, `rows` the j of each.
+    """
+
+    at: np.ndarray  # [P] places in the token ids
+    rows: np.ndarray  # [P] which of the previous iteration's sampled tokens each stands for
+
+    @staticmethod
+    def tokens(count: int) -> np.ndarray:
+        """[count] the stand-ins of the `count` tokens an iteration samples, in sampling order."""
+        return -1 - np.arange(count, dtype=np.int64)
+
+    @classmethod
+    def find(cls, token_ids: np.ndarray) -> Placeholders | None:
+        """The stand-ins among `token_ids`; None if there are none."""
+        at = np.flatnonzero(token_ids < 0)
+        return cls(at, -1 - token_ids[at]) if len(at) else None
+
+
 class Runner(Protocol):
     """A model behind the engine loop. Each method is one NVTX phase of the iteration.
 
     `prepare` builds device inputs (positions, slot mapping, block tables), `forward` runs the model
     and returns logits for the sequences with `sample=True` (in batch order), `sample` turns those
-    logits into one token id per sampling sequence: an int64 array in the same order.
-
-    In overlap mode (`overlaps`) `launch` takes the place of `swap` and `forward`: it starts the swaps
-    and the forward pass and returns while they run, and `collect` waits for their logits. A batch
-    prepared then may hold placeholders among its token ids: -1 - j stands for the j-th token sampled
-    in the iteration before, which `launch` is given and puts in.
+    logits into one token id per sampling sequence: an int64 array in the same order. What a runner
+    can do besides is a protocol of its own: `BulkRunner`, `OverlapRunner`.
     """
 
     name: str
     simulated: bool
     reads_tokens: bool  # False: forward needs only how many tokens each row runs (see Scheduler.read_tokens)
-    runs_in_bulk: bool  # True: decode_times and decode_tokens give a stretch of all-decode iterations at once
-    overlaps: bool  # True: launch and collect run a forward pass while the host goes on (overlap mode)
 
     def prepare(self, batch: Batch) -> object: ...
 
@@ -199,17 +215,35 @@ class Runner(Protocol):
 
     def release(self, request_id: int) -> None: ...
 
-    def launch(self, prepared: object, swap: SwapPlan, previous: np.ndarray | None, on_device) -> None:
-        """Start the swaps and the forward pass of `prepared`, inside the context manager `on_device` on
-        the thread that runs them (or, for a device on a virtual clock, on_device.span(start_ns, end_ns)),
-        and return; placeholders take their tokens from `previous` (runners that overlap only)."""
 
-    def collect(self) -> object:
-        """Wait for the launched forward pass: its logits, as forward returns them (runners that overlap only)."""
+@runtime_checkable
+class BulkRunner(Runner, Protocol):
+    """A runner that gives a stretch of all-decode iterations at once: their times and tokens as arrays."""
 
     def decode_times(self, batch: Batch, steps: int) -> tuple[int, np.ndarray]:
         """Host ns (prepare) per iteration, and [steps] device ns (forward), of an all-decode batch and of the
-        steps - 1 after it, each row one position further (runners with runs_in_bulk only)."""
+        steps - 1 after it, each row one position further."""
 
     def decode_tokens(self, batch: Batch, steps: int) -> np.ndarray:
-        """[steps, S] the tokens `sample` gives in those iterations (runners with runs_in_bulk only)."""
+        """[steps, S] the tokens `sample` gives in those iterations."""
+
+
+@runtime_checkable
+class OverlapRunner(Runner, Protocol):
+    """A runner that launches a forward pass and returns while it runs (overlap mode).
+
+    `launch` takes the place of `swap` and `forward`, `collect` waits for the logits. A batch prepared
+    then may hold `Placeholders` among its token ids, which `launch` puts in.
+    """
+
+    def launch(self, prepared: object, swap: SwapPlan, previous: np.ndarray | None, on_device) -> None:
+        """Start the swaps and the forward pass of `prepared`, inside the context manager `on_device` on
+        the thread that runs them (or, for a device on a virtual clock, on_device.span(start_ns, end_ns)),
+        and return; placeholders take their tokens from `previous` (None: see `chains`)."""
+
+    def collect(self) -> object:
+        """Wait for the launched forward pass: its logits, as forward returns them."""
+
+    def chains(self, batch: Batch) -> bool:
+        """Whether the next iteration may be launched before `batch`'s (in flight) is collected, its
+        placeholders filled on the device side."""

@@ -9,7 +9,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from itertrace.errors import UserError
-from itertrace.profiler.model import DTYPES, ModelConfig, Transformer, empty_model
+from itertrace.profiler.runners.torch.model import DTYPES, ModelConfig, Transformer, empty_model
 
 # ModelConfig field <- config.json key; keys absent from REQUIRED take HF LlamaConfig's defaults.
 HF_CONFIG_KEYS: dict[str, str] = {

@@ -17,12 +17,12 @@ what each decision does to a request and its KV blocks, and counts the outcomes 
 """
 from __future__ import annotations
 
-from itertrace.profiler.batch import SwapPlan
-from itertrace.profiler.budget import prefill_room
-from itertrace.profiler.decision import Event, EventKind, SchedulerConfig, TokenEvents
-from itertrace.profiler.kv import BlockManager
-from itertrace.profiler.policies import WaitQueue
-from itertrace.profiler.request import Phase, PreemptKind, Reason, Request
+from itertrace.profiler.scheduling.batch import SwapPlan
+from itertrace.profiler.scheduling.budget import prefill_room
+from itertrace.profiler.scheduling.decision import Event, EventKind, SchedulerConfig, TokenEvents
+from itertrace.profiler.scheduling.kv import BlockManager
+from itertrace.profiler.scheduling.policies import WaitQueue
+from itertrace.profiler.scheduling.request import Phase, PreemptKind, Reason, Request
 
 
 def outgrows_pool(tokens: int, num_blocks: int, block_size: int) -> bool:

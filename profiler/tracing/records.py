@@ -5,13 +5,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from itertrace.profiler.batch import Runner
-from itertrace.profiler.decision import Decision, EventKind, TokenEvents
-from itertrace.profiler.nvtx_ranges import ADMIT, ARRIVE, FINISH, Tracer
-from itertrace.profiler.request import Request
-from itertrace.profiler.runlog import RunLog
-from itertrace.profiler.scheduler import Scheduler
-from itertrace.profiler.tokenizer import IncrementalDetokenizer, decode
+from itertrace.profiler.scheduling.batch import Runner
+from itertrace.profiler.scheduling.decision import Decision, EventKind, TokenEvents
+from itertrace.profiler.tracing.nvtx_ranges import ADMIT, ARRIVE, FINISH, Tracer
+from itertrace.profiler.scheduling.request import Request
+from itertrace.profiler.tracing.runlog import RunLog
+from itertrace.profiler.scheduling.scheduler import Scheduler
+from itertrace.profiler.workloads.tokenizer import IncrementalDetokenizer, decode
 
 NO_TIME = np.iinfo(np.int64).min  # no token yet
 
@@ -74,7 +74,7 @@ class RunResult:
     idle_finished: int = 0  # of those, slots held by finished static members
     idle_while_queued: int = 0  # idle slot-iterations while requests were waiting
     membership: list[list[int]] = field(default_factory=list)  # member ids by iteration, when kept
-    iterations_in_bulk: int = 0  # iterations run at once with others (Engine._run_in_bulk)
+    iterations_in_bulk: int = 0  # iterations run at once with others (profiler/bulk.py)
     tokens_dropped: int = 0  # overlap mode: tokens computed for requests that had ended (never emitted)
 
 

@@ -7,9 +7,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from itertrace.profiler.batch import Batch, SwapPlan
-from itertrace.profiler.policies import Policy
-from itertrace.profiler.request import PreemptKind, Reason, Request
+from itertrace.profiler.scheduling.batch import Batch, SwapPlan
+from itertrace.profiler.scheduling.policies import Policy
+from itertrace.profiler.scheduling.request import PreemptKind, Reason, Request
 
 
 class Mode(enum.Enum):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from itertrace.profiler.batch import SamplingParams
+from itertrace.profiler.scheduling.batch import SamplingParams
 
 
 def filter_logits(logits: Tensor, params: SamplingParams) -> Tensor:

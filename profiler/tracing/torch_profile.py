@@ -28,7 +28,7 @@ import pyarrow as pa
 import torch
 
 from itertrace.errors import UserError
-from itertrace.profiler.nvtx_ranges import (ADMIT, ARRIVE, DOMAIN, FINISH, STEP, TOKENS, PhaseName, StepTimes, Tracer,
+from itertrace.profiler.tracing.nvtx_ranges import (ADMIT, ARRIVE, DOMAIN, FINISH, STEP, TOKENS, PhaseName, StepTimes, Tracer,
                                             tokens_text)
 
 TRACE_NAME = "trace.json.gz"

@@ -14,12 +14,13 @@ ending at a finish so that every FINISH event comes right after its request's to
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
-from itertrace.profiler.batch_builder import DecodeRows
-from itertrace.profiler.decision import Decision, Event, TokenEvents
-from itertrace.profiler.request import Phase, Reason, Request
+from itertrace.profiler.scheduling.batch_builder import DecodeRows
+from itertrace.profiler.scheduling.decision import Decision, Event, EventKind, TokenEvents
+from itertrace.profiler.scheduling.request import Phase, Reason, Request
 
 Finish = Callable[[Request, Phase, Reason, int], None]
 
@@ -29,7 +30,8 @@ def commit_tokens(decision: Decision, tokens: np.ndarray, iteration: int, rows: 
     """Commit the iteration's work and sampled tokens; returns the requests that finished.
 
     `tokens` holds one token per sampled row, in batch order (its length is checked by the caller);
-    the first `n_rows` rows of the batch are `rows`. `finish` ends a request (the scheduler's bookkeeping).
+    the first `n_rows` rows of the batch are `rows`. `finish` ends a request (the scheduler's bookkeeping);
+    its FINISH event goes out here, after its token's.
     """
     batch = decision.batch
     ids = batch.sampled_ids
@@ -46,7 +48,7 @@ def commit_tokens(decision: Decision, tokens: np.ndarray, iteration: int, rows: 
             stop = stop_reason(req, req.output_ids[-1])
             if stop is not None:
                 emitted = _token_events(events, ids, first, emitted, i + 1, iteration)
-                finish(req, *stop, iteration)
+                _finish(req, *stop, iteration, finish, events)
                 finished.append(req)
                 ended.append(i)
         rows.advance(row_tokens)
@@ -61,7 +63,7 @@ def commit_tokens(decision: Decision, tokens: np.ndarray, iteration: int, rows: 
         stop = stop_reason(req, req.output_ids[-1])
         if stop is not None:
             emitted = _token_events(events, ids, first, emitted, sampled, iteration)
-            finish(req, *stop, iteration)
+            _finish(req, *stop, iteration, finish, events)
             finished.append(req)
         elif req.phase is Phase.PREFILL:
             req.move(Phase.DECODE, Reason.PROMPT_DONE, iteration)
@@ -71,18 +73,18 @@ def commit_tokens(decision: Decision, tokens: np.ndarray, iteration: int, rows: 
     return finished
 
 
-def commit_sampled(decision: Decision, tokens: np.ndarray, events: list[Event | TokenEvents], finish: Finish,
-                   restate: Finish, announce: Callable[[Request], None]) -> tuple[list[Request], np.ndarray]:
+def commit_sampled(decision: Decision, tokens: np.ndarray, events: list[Event | TokenEvents],
+                   finish: Finish) -> tuple[list[Request], np.ndarray]:
     """Overlap mode: the sampled tokens of an iteration committed ahead (commit_tokens with placeholders)
     go in at last, each into its place in its request's output (the row's num_generated). Returns the
     requests that finished and [sampled] bool: the rows whose token counts.
 
     A row drops its token (never emitted, never counted, its placeholder gone) when its request was
     canceled, or ended in an earlier iteration: it was scheduled here before that was known. A stop
-    token finishes its request here (`finish`; one already finished on max_tokens, here or in the
-    iteration committed ahead after this one, is finished here on the stop token instead: `restate`),
-    and the placeholders after it go. A request finished on max_tokens in this iteration is announced
-    (`announce`) after its last token. Token events go out as in commit_tokens.
+    token finishes its request here (`finish`); one already finished on max_tokens, here or in the
+    iteration committed ahead after this one, finished on the stop token instead (its last transition
+    restated), and the placeholders after it go. A request finished on max_tokens in this iteration is
+    announced (its FINISH event) after its last token. Token events go out as in commit_tokens.
     """
     batch, iteration = decision.batch, decision.iteration
     ids = batch.sampled_ids
@@ -101,14 +103,32 @@ def commit_sampled(decision: Decision, tokens: np.ndarray, events: list[Event | 
         if token in req.sampling.stop_token_ids and not req.sampling.ignore_eos:
             del req.output_ids[g + 1:]
             emitted = _kept_events(events, ids, first, kept, emitted, j + 1, iteration)
-            (restate if req.phase.terminal else finish)(req, Phase.FINISHED_STOP, Reason.STOP_TOKEN, iteration)
+            if req.phase.terminal:  # finished on max_tokens ahead of this token: it finished on this one
+                req.transitions[-1] = replace(req.transitions[-1], iteration=iteration, dst=Phase.FINISHED_STOP,
+                                              reason=Reason.STOP_TOKEN)
+                req.phase, req.stop_reason = Phase.FINISHED_STOP, Reason.STOP_TOKEN
+                _announce(req, events)
+            else:
+                _finish(req, Phase.FINISHED_STOP, Reason.STOP_TOKEN, iteration, finish, events)
             finished.append(req)
         elif req.phase.terminal and req.transitions[-1].iteration == iteration:  # on max_tokens, here
             emitted = _kept_events(events, ids, first, kept, emitted, j + 1, iteration)
-            announce(req)
+            _announce(req, events)
             finished.append(req)
     _kept_events(events, ids, first, kept, emitted, len(ids), iteration)
     return finished, kept
+
+
+def _finish(req: Request, phase: Phase, reason: Reason, iteration: int, finish: Finish,
+            events: list[Event | TokenEvents]) -> None:
+    """End the request (`finish`: the scheduler's bookkeeping) and announce it."""
+    finish(req, phase, reason, iteration)
+    events.append(Event(req.request_id, iteration, EventKind.FINISH, reason))
+
+
+def _announce(req: Request, events: list[Event | TokenEvents]) -> None:
+    """The FINISH event of a request that reached its terminal state, at the iteration and for the reason it did."""
+    events.append(Event(req.request_id, req.transitions[-1].iteration, EventKind.FINISH, req.stop_reason))
 
 
 def _kept_events(events: list[Event | TokenEvents], ids: np.ndarray, first: np.ndarray, kept: np.ndarray, start: int,

@@ -1,0 +1,75 @@
+"""Iterations in bulk: a stretch of iterations that run only the decode rows, run at once.
+
+Such iterations (Scheduler.bulk_steps) differ only in positions, tokens, times and KV blocks, so the
+runner (a BulkRunner) gives their times and tokens as arrays, the scheduler commits them in one go
+(Scheduler.commit_bulk) and their log rows go out as columns: the same rows, events and request state
+as a pass of the loop each (tests/test_bulk.py compares the two). A stretch stops short of the
+iteration where a row finishes or may stop, a request arrives or is canceled, or the KV pool runs
+short: that one runs one by one.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from itertrace.profiler.scheduling.decision import Decision
+from itertrace.profiler.intake import Intake
+from itertrace.profiler.tracing.nvtx_ranges import StepTimes
+from itertrace.profiler.tracing.records import RunResult
+from itertrace.profiler.stepping import OneByOne
+
+if TYPE_CHECKING:
+    from itertrace.profiler.engine import Engine
+
+
+class InBulk(OneByOne):
+    """One by one, but for stretches of iterations that can run in bulk, which run at once."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        self.engine = engine
+
+    def run(self, d: Decision, times: StepTimes, step: object, queued: int, preempted: int, result: RunResult,
+            intake: Intake) -> int:
+        """Run `d` (just scheduled) and the iterations after it at once, where they can run in bulk; returns how
+        many ran (0: none; then `d` runs one by one)."""
+        engine = self.engine
+        sched, runner, record = engine.scheduler, engine.runner, engine.record
+        iteration, start = d.iteration, times.start_ns
+        steps = sched.bulk_steps(d)
+        next_cancel = intake.next_cancel(iteration)
+        if next_cancel is not None:
+            steps = min(steps, next_cancel - iteration)
+        if steps <= 0:
+            return 0
+        batch = d.batch
+        host_ns, device_ns = runner.decode_times(batch, steps)
+        dur = host_ns + device_ns
+        ends = start + np.cumsum(dur)
+        starts = ends - dur
+        next_arrival_ns = intake.next_arrival_ns()
+        if next_arrival_ns is not None:  # an arrival joins the first iteration that starts at or after it
+            steps = min(steps, int(starts.searchsorted(next_arrival_ns)))
+        kv = sched.commit_bulk(runner.decode_tokens(batch, steps))
+        if kv is None:
+            return 0
+        allocated, in_use = kv
+        steps = len(allocated)
+        dur, device_ns, starts, ends = dur[:steps], device_ns[:steps], starts[:steps], ends[:steps]
+        engine.clock.advance(int(ends[-1]) - start)
+
+        ids, numbers = batch.request_ids, np.arange(iteration, iteration + steps, dtype=np.int64)
+        record.mark_tokens(iteration, np.sort(ids))
+        record.tokens_in_bulk(ids, numbers, ends)
+        record.tally(result, d, queued, steps)
+        log = record.log
+        if log is not None:  # the rest as in this iteration's row (kv_freed: 0 in such a stretch)
+            row = record.iteration_row(d, start, start, (0,) * 6, queued, preempted, None)
+            log.iterations(row | {
+                "iteration": numbers, "start_ns": starts, "end_ns": ends, "dur_ns": dur, "prepare_ns": host_ns,
+                "forward_ns": device_ns, "device_start_ns": starts + host_ns, "device_end_ns": ends,
+                "kv_allocated": allocated, "kv_in_use": in_use}, steps)
+        result.iterations_in_bulk += steps
+        self.tracer.end_step()
+        return steps

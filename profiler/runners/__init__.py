@@ -1,0 +1,1 @@
+"""What runs a batch: the simulated runner and its calibration; the torch model under torch/."""
