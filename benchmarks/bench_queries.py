@@ -189,7 +189,7 @@ def build(src: Path, dest: Path, iterations: int) -> Copies:
                   r.end_ns + {t} AS end_ns,
                   CASE WHEN r.text = 'step' THEN r.int64_value + {it} ELSE r.int64_value END AS int64_value)
                 FROM src.nvtx_ranges AS r CROSS JOIN range(getvariable('copies')) AS c(copy)
-                ORDER BY c.copy, r.rowid""",
+                ORDER BY c.copy, r.range_id""",
             "nvtx_marks": f"""
                 SELECT m.* REPLACE (
                   m.mark_id + {mk} AS mark_id,
@@ -200,7 +200,7 @@ def build(src: Path, dest: Path, iterations: int) -> Copies:
                        WHEN m.domain_name = 'itertrace' AND m.text LIKE 'tokens%' THEN m.int64_value + {it}
                        ELSE m.int64_value END AS int64_value)
                 FROM src.nvtx_marks AS m CROSS JOIN range(getvariable('copies')) AS c(copy)
-                ORDER BY c.copy, m.rowid""",
+                ORDER BY c.copy, m.mark_id""",
             "run_iterations": f"""
                 SELECT i.* REPLACE (
                   i.iteration + {it} AS iteration,
@@ -365,13 +365,11 @@ GPU_TIME = {"GPU time": "SELECT * FROM gpu_time", "GPU idle parts": "SELECT * FR
 
 
 def open_db(path: Path, threads: int | None):
+    """The database as `itertrace query` opens it (read-only, locked, the default memory limit), with `threads`."""
     from itertrace.queries import QueryDB
+    from itertrace.queries.api import connect
 
-    db = QueryDB(path)
-    db.con.execute("SET enable_progress_bar = false")
-    if threads:
-        db.con.execute(f"SET threads = {int(threads)}")
-    return db
+    return QueryDB(path, con=connect(path, threads=threads))
 
 
 def run_sql(db, name: str):
