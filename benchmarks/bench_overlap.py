@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import resource
 import statistics
 import subprocess
@@ -101,13 +102,14 @@ def run_all(flags: list[str], runs: int) -> list[dict]:
 
 
 def summarize(rows: list[dict]) -> dict:
-    """Per mode: median, min and max of each metric; the ratio of the medians, on / off."""
+    """Per mode: median, min and max of each metric; the ratio of the medians, on / off (NaN where off is 0)."""
     out: dict = {}
     for mode in ("off", "on"):
         picked = [row for row in rows if row["overlap"] == (mode == "on")]
         out[mode] = {m: {"median": statistics.median(r[m] for r in picked), "min": min(r[m] for r in picked),
                          "max": max(r[m] for r in picked)} for m in METRICS}
-    out["ratio_on_off"] = {m: out["on"][m]["median"] / out["off"][m]["median"] for m in METRICS}
+    out["ratio_on_off"] = {m: out["on"][m]["median"] / out["off"][m]["median"] if out["off"][m]["median"] else math.nan
+                           for m in METRICS}
     return out
 
 

@@ -34,38 +34,12 @@ agree: row counts, column sums, every row (both sorted), with a sample of rows p
 
 Usage: python benchmarks/bench_queries.py [--iterations N] [--repeat R] [--threads T] [--keep DB] [--capture FILE]
        [--before QUERIES_DIR]
-(--keep DB writes the database there and reuses it on a later run when it holds the same copies.)
-
-Measured at 1,000,448 iterations (2026-11-30), gap attribution by two ASOF joins (host_gaps.sql), which
-DuckDB runs on all cores:
-- 16 cores (the H200 machine's host, `benchmarks/gpu_check.sh`, --repeat 2), two runs: gap attribution
-  SQL 1.05 and 0.99 s best (1.13 and 1.01 first; 11.5-11.9 CPU-s, peak RSS 2.8 GiB) against pandas with
-  loading 12.25 and 11.43 s (8.61 and 8.31 without; peak 3.7 GiB): x11.7 and x11.5 (x8.2 and x8.4
-  against pandas alone); TTFT 0.03 and 0.02 s against 0.50 and 0.38 s (x16.1 and x16.2).
-- 2 cores (this development machine, load 0.5-1.7, --repeat 3): gap attribution SQL 6.48 s best (11.9
-  CPU-s, peak 2.6 GiB) against pandas with loading 12.76 s: x2.0; TTFT 0.07 s against 0.75 s (x10.3).
-GPU time at 1,000,448 iterations (this 2-core machine, load 7.2-8.6, --repeat 2, one run, --before the
-queries/ of commit 7b1b69a, which ranked threads into the bits of a BIGINT and swept them): gpu_idle_parts
-56.0 s best wall (56.0 and 66.6; 26.7 CPU-s best) against 81.9 s (88.6 and 81.9; 37.4 CPU-s) with the
-SQL before, each run in a fresh process, in turn: x1.46 in wall time, x1.40 in CPU time; peak 8.7 GiB
-against 8.6 GiB, so no less memory. gpu_time 9.7 s against 10.4 s (4.6 against 4.7 CPU-s), the same
-SQL. In the same run, in one process: gpu_idle_parts 40.4 s best (24.4 CPU-s, 10,004,481 rows) against
-gap attribution's 8.0 s (7.1 CPU-s): x5.0 in wall time, x3.4 in CPU time (x10.3 and x5.1 before).
-The sweep over 26M starts and ends (10M host intervals, 3M idle spans) in one window is gone: one
-thread per process and kind passes its intervals through; each call loses the leaf in flight at its
-start by one ASOF join (here all of it); idle spans and winning pieces meet in two more. What is left
-is about even: the intervals' windows (leaves, clipped calls), the iterations' windows and ASOF joins
-behind the idle spans, the two ASOF joins of 3M spans against 6M pieces, grouping 7M parts, and
-sorting and returning 10M rows (EXPLAIN ANALYZE). The peak stays near 8.7 GiB: DuckDB holds the
-materialized intervals, pieces, spans and parts, and each ASOF join's sorted inputs, at once.
-
-The formulation before (one sort of a track's phase ranges and gaps, walked once with running windows
-over an empty OVER, which DuckDB evaluates on one thread) took half the CPU but did not scale: on the
-16-core machine it took 2.31 s at 16 threads, 2.72 at 8, 2.88 at 4 and 3.32 at 2, where the ASOF joins
-took 1.08, 1.63, 2.51 and 3.99 s (the same rows, in the same order); with it the ratio was x6.3 there
-(2.37 s against 15.03 s) and x2.2-x3.0 on 2 cores. So at 4 threads and more the joins are faster, and
-on a 2-core machine x10 is out of reach either way: the steps printed last (`floor`), each timed alone,
-sum to 2.77 s there against the 1.28 s that x10 leaves (0.38 s against 1.22 s on 16 cores).
+(--keep DB writes the database there and reuses it on a later run when it holds the same copies.) The
+figures of the latest runs are in benchmarks/RESULTS.md. The table's ratios: pandas over SQL for gap
+attribution and TTFT (target: at least 10), and the GPU time views over gap attribution's SQL in the same
+run (target for gpu_idle_parts: at most 2x its time, and a peak RSS under 3 GiB). The last lines time,
+each alone, the steps any exact SQL formulation of gap attribution takes (`floor`), against the time the
+x10 target leaves it.
 """
 from __future__ import annotations
 
@@ -189,7 +163,7 @@ def build(src: Path, dest: Path, iterations: int) -> Copies:
                   r.end_ns + {t} AS end_ns,
                   CASE WHEN r.text = 'step' THEN r.int64_value + {it} ELSE r.int64_value END AS int64_value)
                 FROM src.nvtx_ranges AS r CROSS JOIN range(getvariable('copies')) AS c(copy)
-                ORDER BY c.copy, r.rowid""",
+                ORDER BY c.copy, r.range_id""",
             "nvtx_marks": f"""
                 SELECT m.* REPLACE (
                   m.mark_id + {mk} AS mark_id,
@@ -200,7 +174,7 @@ def build(src: Path, dest: Path, iterations: int) -> Copies:
                        WHEN m.domain_name = 'itertrace' AND m.text LIKE 'tokens%' THEN m.int64_value + {it}
                        ELSE m.int64_value END AS int64_value)
                 FROM src.nvtx_marks AS m CROSS JOIN range(getvariable('copies')) AS c(copy)
-                ORDER BY c.copy, m.rowid""",
+                ORDER BY c.copy, m.mark_id""",
             "run_iterations": f"""
                 SELECT i.* REPLACE (
                   i.iteration + {it} AS iteration,
@@ -365,13 +339,11 @@ GPU_TIME = {"GPU time": "SELECT * FROM gpu_time", "GPU idle parts": "SELECT * FR
 
 
 def open_db(path: Path, threads: int | None):
+    """The database as `itertrace query` opens it (read-only, locked, the default memory limit), with `threads`."""
     from itertrace.queries import QueryDB
+    from itertrace.queries.api import connect
 
-    db = QueryDB(path)
-    db.con.execute("SET enable_progress_bar = false")
-    if threads:
-        db.con.execute(f"SET threads = {int(threads)}")
-    return db
+    return QueryDB(path, con=connect(path, threads=threads))
 
 
 def run_sql(db, name: str):
@@ -612,7 +584,7 @@ def run(args: argparse.Namespace) -> None:
         iterations = counts["run_iterations"]
         print(f"ratio = pandas seconds / SQL seconds, best runs, at {iterations:,} iterations; target: at least 10.")
         floor(path, args, budget=results["gap attribution"][5].best / 10)
-        gpu_time(path, args, gap_sql=results["gap attribution"][2])
+        gpu_time(path, args, gap_sql=results["gap attribution"][2], gap_peak=memory[("gap attribution", "sql")][0])
         if args.before:
             compare_sql(path, args)
         print(f"Load average at the end: {_loadavg()}")
@@ -657,8 +629,9 @@ def floor(path: Path, args: argparse.Namespace, budget: float) -> None:
           + f"; sum {sum(best.values()):.2f} s against {budget:.2f} s for x10")
 
 
-def gpu_time(path: Path, args: argparse.Namespace, gap_sql: Timing) -> None:
-    """Time gpu_time and gpu_idle_parts (--repeat runs each) and their peak memory, beside gap attribution's SQL.
+def gpu_time(path: Path, args: argparse.Namespace, gap_sql: Timing, gap_peak: float) -> None:
+    """Time gpu_time and gpu_idle_parts (--repeat runs each) and their peak memory, beside gap attribution's SQL
+    (its best time and `gap_peak`, its peak RSS in MiB).
 
     Checks the results first: busy time is what the synthetic GPU work makes it (per forward range of
     duration d, its three kernels cover one interval of 2d/4 + d/3), and the idle parts add up to the idle time.
@@ -685,12 +658,16 @@ def gpu_time(path: Path, args: argparse.Namespace, gap_sql: Timing) -> None:
           f"{row['busy_ns']:,} ns as built; idle {row['idle_ns']:,} ns = within {row['idle_within_ns']:,} + between "
           f"{row['idle_between_ns']:,} + outside {row['idle_outside_ns']:,}, and the idle parts add up to it")
     print(f"{'computation':20} {'rows':>10} {'SQL s':>13} {'CPU s':>7} {'vs gaps':>8}   {'peak RSS MiB (+ over start)':>28}")
+    peaks = {}
     for name, timing in timings.items():
-        peak, delta = peak_memory(path, args.threads, name, "sql")
+        peak, delta = peaks[name] = peak_memory(path, args.threads, name, "sql")
         print(f"{name:20} {results[name].num_rows:>10,} {timing.best:6.2f} ({timing.first:5.2f}) {timing.best_cpu:7.2f} "
               f"{timing.best / gap_sql.best:7.2f}x   {peak:6.0f} (+{delta:5.0f})")
     print(f"{'gap attribution':20} {'':>10} {gap_sql.best:6.2f} ({gap_sql.first:5.2f}) {gap_sql.best_cpu:7.2f} "
-          f"{1:7.2f}x   (its SQL, above)")
+          f"{1:7.2f}x   {gap_peak:6.0f} (its SQL, above)")
+    parts, peak = timings["GPU idle parts"], peaks["GPU idle parts"][0]
+    print(f"GPU idle parts / gap attribution: x{parts.best / gap_sql.best:.2f} wall, x{parts.best_cpu / gap_sql.best_cpu:.2f} "
+          f"CPU (target: at most x2); peak RSS {peak:,.0f} MiB, x{peak / gap_peak:.2f} (target: under 3,072 MiB)")
 
 
 def _gpu_child(path: str, threads: int | None, sql: str, queries: str | None, queue) -> None:

@@ -24,35 +24,8 @@ long prompts: 12,031 requests arriving over an hour (Poisson, 3.34 a second), pr
 20,000 tokens and outputs of 50 to 650, which keep the default KV pool full (prefill chunks, preemption
 and recompute almost every iteration). `--limit N` takes the first N requests (a smoke run).
 
-Measured (2-core machine, 2026-11-30), one run of this script:
-  default, 100,000 requests: 800,000 iterations, 787,500 of them in bulk, 13,200,000 event rows; build
-    0.88 s, loop 16.57 s (17.15 s CPU: Parquet encoding runs on a writer thread), close 0.38 s: 17.8 s
-    in all, peak RSS 694 MiB.
-  busy, 100,000 requests: 53,231 iterations, 1,333 in bulk; build 0.89 s, loop 37.47 s (704 us per
-    iteration), close 2.71 s: 41.1 s in all, peak RSS 1,088 MiB.
-  side by side, 5,000 requests, loop best of 3: default 5.18 s one by one, 0.80 s in bulk (x6.47);
-    busy 2.21 s and 2.35 s (x0.94: nothing to skip; the difference is within this machine's noise).
-The code before this change (c0d68e5: prompts made up front, Parquet written on the engine's thread),
-run just before with `--compare 0`: default 26.3 s (build 3.96, loop 21.85), busy 42.0 s (build 3.89,
-loop 36.19); this code in the same sitting: default 19.2 s (build 1.05, loop 17.61), busy 39.4 s
-(build 1.46, loop 35.32). The previous day's figures for c0d68e5 were 29.2 s and 58.2 s: the machine
-was slower then, so compare within one sitting only. Before bulk runs (c6fb871) the default
-workload took 156.1 s.
-So "100,000 requests in seconds" holds loosely for the default workload (under 20 s here, most of it
-the requests' own Python work: admission, prefill, finish, logging) and not for the busy one, whose
-iterations almost all change the batch.
-
-Trace runs (`--trace`) on the same 2-core machine, shared with other work (its load average given per
-run: wall time grows with it, CPU time much less):
-  AzureLLMInferenceTrace_conv.csv (19,366 requests over 58 minutes; 258,629 iterations, 218,800 in bulk;
-    4.2 million event rows), 3 rounds, load 4.6 rising to 8.6: in bulk 0.75 of the target in wall time
-    (18.4 s of CPU), one by one x1.17 slower in wall time and x1.36 in CPU time; peak RSS 493 and 541 MiB.
-  long-prompts (775,895 iterations, 129,134 in bulk; 5.1 million event rows), 1 round, load 8.6-8.8: in
-    bulk 3.6 times the target in wall time (87 s of CPU in its two threads: likely over the target on an
-    idle machine too), one by one x1.06 slower; peak RSS 543 and 567 MiB. This shape does not meet the
-    target: its iterations run one by one at about 100 us of Python each, spread thin (the scheduler
-    about 40%, of which building a batch with a prompt chunk 10%; the runner and commit 20%; events and
-    iteration rows 15%; building the logs' tables 10%).
+Compare figures within one run of this script: wall times on a shared machine move with its load.
+The latest figures are in benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 

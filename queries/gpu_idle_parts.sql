@@ -4,43 +4,94 @@
 -- (host_activity.sql: an NVTX leaf range on any thread, else the CUDA or HIP API call in flight on a
 -- launching thread, else the Python frame that thread was in), and what no host interval covers is
 -- `unattributed`, so a span's parts add up to the span. Each part also names the engine-level frame
--- its thread was in, where the trace has stack frames. A GPU's idle spans are disjoint, and so are the pieces its process's host intervals won,
--- so their intersection is two ASOF joins (a span starting inside a piece, or a piece starting
--- inside a span), as host_gaps.sql does for gaps.
+-- its thread was in, where the trace has stack frames. A GPU's idle spans are disjoint, and so are
+-- each level's winning pieces, so one sweep in time order over their starts and ends, with running
+-- maxima, finds what is in flight between any two consecutive instants (below): the pieces of
+-- host_activity, cut at the idle spans' edges, without joining every instant against each level.
 
--- The parts of each idle span, unordered: its intersections with the winning host pieces, added up
--- by thread and cause, and what no piece covers, left to its unattributed part.
+-- The parts of each idle span, unordered. One sweep per GPU, in time order, over the starts and ends of
+-- the pieces that won each level (_host_activity_level_won) and the starts of the idle spans: between
+-- two consecutive instants nothing starts or ends, so the idle span in flight, each level's piece in
+-- flight (the latest to start: a level's pieces are disjoint, so its latest start and latest end
+-- belong to one piece) and the winner (NVTX over CUDA over Python) hold throughout. The winner's engine
+-- frame is the one its thread was in at the latest start or end of a piece, as host_activity.sql reads
+-- it for its pieces. The parts are added up by span, thread, cause and engine frame, and what no piece
+-- covers is left to the span's unattributed part.
 CREATE VIEW _gpu_idle_parts AS
 WITH
   idle AS MATERIALIZED (SELECT * FROM _gpu_time_idle),
-  won AS MATERIALIZED (
-    SELECT g.device_id, w.* FROM _host_activity_won AS w JOIN _gpu_time_gpus AS g USING (global_pid)
+  levels AS MATERIALIZED (
+    SELECT g.device_id, l.global_pid, l.start_ns, l.end_ns, l.global_tid, l.cause_id,
+           CASE l.level WHEN 'nvtx' THEN 0 WHEN 'cuda' THEN 1 ELSE 2 END::TINYINT AS level
+    FROM _host_activity_level_won AS l JOIN _gpu_time_gpus AS g USING (global_pid)
   ),
-  pieces AS (
-    SELECT i.*, w.global_tid, w.cause_id, w.engine_frame_id, least(i.end_ns, w.end_ns) - i.start_ns AS part_ns
-    FROM idle AS i
-    ASOF JOIN won AS w ON w.device_id = i.device_id AND w.global_pid = i.global_pid AND w.start_ns <= i.start_ns
-    WHERE i.start_ns < w.end_ns
+  -- event 0: a piece starts, 1: a piece ends, 2: an idle span starts; (ts, event, level) is unique per GPU
+  events AS (
+    SELECT device_id, global_pid, start_ns AS ts, 0::TINYINT AS event, level, end_ns FROM levels
     UNION ALL
-    SELECT i.*, w.global_tid, w.cause_id, w.engine_frame_id, least(i.end_ns, w.end_ns) - w.start_ns
+    SELECT device_id, global_pid, end_ns, 1::TINYINT, level, NULL FROM levels
+    UNION ALL
+    SELECT device_id, global_pid, start_ns, 2::TINYINT, 3::TINYINT, end_ns FROM idle
+  ),
+  swept AS (
+    SELECT device_id, global_pid, ts,
+           lead(ts) OVER w AS next_ns,
+           max(CASE WHEN event < 2 THEN ts END) OVER w AS cut_ns,
+           max(CASE WHEN event = 0 AND level = 0 THEN ts END) OVER w AS nvtx_start_ns,
+           max(CASE WHEN event = 0 AND level = 0 THEN end_ns END) OVER w AS nvtx_end_ns,
+           max(CASE WHEN event = 0 AND level = 1 THEN ts END) OVER w AS cuda_start_ns,
+           max(CASE WHEN event = 0 AND level = 1 THEN end_ns END) OVER w AS cuda_end_ns,
+           max(CASE WHEN event = 0 AND level = 2 THEN ts END) OVER w AS python_start_ns,
+           max(CASE WHEN event = 0 AND level = 2 THEN end_ns END) OVER w AS python_end_ns,
+           max(CASE WHEN event = 2 THEN ts END) OVER w AS span_start_ns,
+           max(CASE WHEN event = 2 THEN end_ns END) OVER w AS span_end_ns
+    FROM events
+    WINDOW w AS (PARTITION BY device_id, global_pid ORDER BY ts, event, level ROWS UNBOUNDED PRECEDING)
+  ),
+  won AS (
+    SELECT device_id, global_pid, span_start_ns, cut_ns, least(next_ns, span_end_ns) - ts AS part_ns,
+           CASE WHEN nvtx_end_ns > ts THEN 0 WHEN cuda_end_ns > ts THEN 1 ELSE 2 END::TINYINT AS level,
+           CASE WHEN nvtx_end_ns > ts THEN nvtx_start_ns WHEN cuda_end_ns > ts THEN cuda_start_ns ELSE python_start_ns END
+             AS start_ns
+    FROM swept
+    WHERE span_end_ns > ts AND next_ns > ts AND (nvtx_end_ns > ts OR cuda_end_ns > ts OR python_end_ns > ts)
+  ),
+  engine AS MATERIALIZED (
+    SELECT f.global_tid, f.start_ns, f.end_ns, c.cause_id
+    FROM _host_activity_innermost(true) AS f
+    JOIN nvtx_ranges AS r ON r.range_id = f.frame_id
+    JOIN _host_activity_causes AS c ON c.cause = r.text AND c.cause_kind = 'python'
+  ),
+  pieces AS MATERIALIZED (
+    SELECT w.device_id, w.global_pid, w.span_start_ns, w.cut_ns, w.part_ns, l.global_tid, l.cause_id,
+           l.global_tid IN (SELECT global_tid FROM engine) AS framed
     FROM won AS w
-    ASOF JOIN idle AS i ON i.device_id = w.device_id AND i.global_pid = w.global_pid AND i.start_ns < w.start_ns
-    WHERE w.start_ns < i.end_ns
+    JOIN levels AS l USING (device_id, global_pid, level, start_ns)
+  ),
+  -- the engine frame, by an ASOF join only for the pieces whose thread has any
+  framed AS (
+    SELECT p.*, CASE WHEN e.end_ns > p.cut_ns THEN e.cause_id END AS engine_frame_id
+    FROM pieces AS p
+    ASOF LEFT JOIN engine AS e ON e.global_tid = p.global_tid AND e.start_ns <= p.cut_ns
+    WHERE p.framed
+    UNION ALL
+    SELECT *, NULL FROM pieces WHERE NOT framed
   ),
   attributed AS MATERIALIZED (
-    SELECT device_id, global_pid, start_ns, global_tid, cause_id, engine_frame_id, any_value(end_ns) AS end_ns,
-           any_value(kind) AS kind, any_value(iteration) AS iteration, sum(part_ns)::BIGINT AS dur_ns
-    FROM pieces
-    GROUP BY device_id, global_pid, start_ns, global_tid, cause_id, engine_frame_id
+    SELECT device_id, global_pid, span_start_ns AS start_ns, global_tid, cause_id, engine_frame_id,
+           sum(part_ns)::BIGINT AS dur_ns
+    FROM framed
+    GROUP BY ALL
   ),
   covered AS (
     SELECT device_id, global_pid, start_ns, sum(dur_ns) AS dur_ns FROM attributed GROUP BY ALL
   ),
   -- each cause's place in (cause_kind, cause) order, so that the parts sort on integers
   causes AS (SELECT *, row_number() OVER (ORDER BY cause_kind, cause)::INTEGER AS position FROM _host_activity_causes)
-SELECT a.device_id, a.global_pid, a.start_ns, a.end_ns, a.kind, a.iteration, c.cause_kind, c.cause, a.global_tid,
+SELECT a.device_id, a.global_pid, a.start_ns, i.end_ns, i.kind, i.iteration, c.cause_kind, c.cause, a.global_tid,
        e.cause AS engine_frame, a.dur_ns, c.position
 FROM attributed AS a
+JOIN idle AS i USING (device_id, global_pid, start_ns)
 JOIN causes AS c ON c.cause_id = a.cause_id
 LEFT JOIN causes AS e ON e.cause_id = a.engine_frame_id
 UNION ALL
