@@ -10,6 +10,7 @@ and the tables a query needs are never written down twice.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -55,6 +56,7 @@ class Definition:
 
     name: str
     module: str
+    kind: str  # VIEW or MACRO
     statement: str
     reads: frozenset[str]  # views, tables and macros it names
     variables: frozenset[str]  # parameters it reads with getvariable()
@@ -138,14 +140,27 @@ def _definition(module_name: str, statement: str) -> Definition:
     if created is None:
         raise RuntimeError(f"queries/{module_name}.sql: a statement that defines no macro or view:\n{statement}")
     reads = set(_READS.findall(code)) | set(_CALLS.findall(code))
-    return Definition(created.group(2), module_name, statement, frozenset(reads - {created.group(2)}),
-                      frozenset(_VARIABLES.findall(code)))
+    return Definition(created.group(2), module_name, created.group(1).upper(), statement,
+                      frozenset(reads - {created.group(2)}), frozenset(_VARIABLES.findall(code)))
 
 
 @cache
 def definitions() -> dict[str, Definition]:
     """Every macro and view of the library, by name, in installation order."""
     return {d.name: d for m in modules() for d in m.definitions}
+
+
+def needed(names: Iterable[str]) -> tuple[Definition, ...]:
+    """The definitions among `names` and those they read, directly or through others, in installation order."""
+    defs = definitions()
+    seen: set[str] = set()
+    todo = [n for n in names if n in defs]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += [read for read in defs[name].reads if read in defs]
+    return tuple(d for d in defs.values() if d.name in seen)
 
 
 def requires(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
