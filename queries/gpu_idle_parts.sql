@@ -7,6 +7,8 @@
 -- its thread was in, where the trace has stack frames. A GPU's idle spans are disjoint, and so are the pieces its process's host intervals won,
 -- so their intersection is two ASOF joins (a span starting inside a piece, or a piece starting
 -- inside a span), as host_gaps.sql does for gaps.
+--
+-- @uses gpu_time, host_activity
 
 -- The parts of each idle span, unordered: its intersections with the winning host pieces, added up
 -- by thread and cause, and what no piece covers, left to its unattributed part.

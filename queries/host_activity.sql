@@ -24,6 +24,8 @@
 -- comes from a sweep over each thread's frames: a frame is innermost from its start to the start of
 -- its first child, and after each child's end until the next; consecutive pieces may belong to the
 -- same interval.
+--
+-- @uses host_gaps, mapping, mapping_presets
 
 -- Threads ranked per process and kind: those with phase ranges (nvtx) and those that launched GPU
 -- work (cuda), the one that launched the most first, then by global_tid. Every thread takes part.

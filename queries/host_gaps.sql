@@ -32,6 +32,8 @@
 -- `unattributed` last.
 --
 -- @param limit BIGINT (>=0) How many gaps host_gaps_worst lists; 10 when not given.
+--
+-- @uses iterations, mapping
 
 -- The gaps' bounds, in no particular order: from the latest device end on the track to the next
 -- device start. gap_seq, the gap's place on its track, is the key the views below join gaps on: an

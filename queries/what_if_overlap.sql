@@ -37,6 +37,8 @@
 -- the iteration that sampled it.
 --
 -- @param hide VARCHAR Host phases to hide behind the device: phase names as host_gaps_parts names them, comma-separated; schedule,prepare when not given; empty for none.
+--
+-- @uses host_gaps, iterations, request_latency
 
 -- The phases to hide: the `hide` parameter as a list of names, blanks and repeats dropped.
 CREATE MACRO _what_if_overlap_hide() AS list_distinct(list_filter(
