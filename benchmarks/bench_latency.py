@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> dict:
     if not path_of(STEP).is_file():
         raise SystemExit(f"{path_of(STEP)}: the shared vLLM trace is not there")
     args.out.mkdir(parents=True, exist_ok=True)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: bytecode compiled once, not by every command
     db, rows = database(args.steps, args.frames, args.out)
     found = commands(db)
     for argv_ in found.values():  # once each before the rounds: files in the page cache, bytecode compiled

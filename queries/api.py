@@ -102,10 +102,10 @@ def default_memory_limit() -> str:
 
 def check_memory_limit(limit: str | None) -> str:
     """`limit` (or the default) as DuckDB takes it; a UserError for one that is not a size or too small."""
-    from itertrace.ingest.api import MIN_MEMORY_LIMIT, memory_bytes
-
     if limit is None:
         return default_memory_limit()
+    from itertrace.ingest.api import MIN_MEMORY_LIMIT, memory_bytes  # pyarrow and the loaders: only for a limit given
+
     size = memory_bytes(limit)
     if size is None:
         raise UserError(f"--memory-limit {limit}: not a size, such as 512MB or 2GB")
@@ -222,7 +222,7 @@ class QueryDB:
         """
         if "nvtx_ranges" in self.missing or (self.mapping_choice is not None and not self.mapping_choice.ranges):
             return None
-        steps, timed = self.sql("SELECT count(*), count(device_start_ns) FROM _iterations_device").to_pylist()[0].values()
+        steps, timed = self.rows("SELECT count(*), count(device_start_ns) FROM _iterations_device")[0]
         if not steps:
             return ("the mapping matches no step range in nvtx_ranges: check step_pattern and domain "
                     "(`SELECT * FROM mapping` shows them; queries/README.md lists the parameters)")
@@ -241,7 +241,7 @@ class QueryDB:
                 raise UserError(f"{self.path}: query {name} needs table {table}, which this database does not have "
                                 f"(it comes from {SOURCE_TABLES[table]})")
         if query.uses_mapping:
-            self.sql("SELECT * FROM mapping")  # fails with a message when the mapping is incomplete
+            self.rows("SELECT * FROM mapping")  # fails with a message when the mapping is incomplete
         return query
 
     def query(self, name: str) -> pa.Table:
@@ -253,6 +253,14 @@ class QueryDB:
         """Any SQL over the database and the library's views."""
         try:
             return self.run(text, lambda con: con.sql(text).to_arrow_table())
+        except duckdb.Error as exc:
+            raise UserError(self.explain(exc)) from None
+
+    def rows(self, text: str) -> list[tuple]:
+        """Any SQL, as `sql`, its rows as tuples (without pyarrow, which takes a command longer to import than
+        most statements take to run)."""
+        try:
+            return self.run(text, lambda con: con.execute(text).fetchall())
         except duckdb.Error as exc:
             raise UserError(self.explain(exc)) from None
 

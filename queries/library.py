@@ -1,11 +1,10 @@
 """Creating the library's views and macros in a connection: all of them, or those a statement reads.
 
-Creating a view makes DuckDB bind it, and with it every view below it: creating the whole library costs
-more than most statements that read it. So a command creates what its statement names, with what those
-read in turn; `names_read` over-approximates (any word of the statement, and of the database's own views
-that it names), and a statement that still reads a definition not yet created (one it builds from parts
-of a string, say) fails binding with DuckDB's missing-name error, before it has run: `missing_name` says
-which, and the caller creates it and runs the statement again.
+A command creates what its statement names, with what those read in turn, as views DuckDB binds when
+they are read (`deferred`). `names_read` over-approximates (any word of the statement, and of the
+database's own views that it names); a statement that still reads a definition not yet created (one it
+builds from parts of a string, or a macro of the database reads) fails binding with DuckDB's missing-name
+error, before it has run: `missing_name` says which, and the caller creates it and runs the statement again.
 """
 from __future__ import annotations
 
@@ -120,13 +119,10 @@ def tables(con: duckdb.DuckDBPyConnection) -> set[str]:
 
 
 def stored_bodies(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
-    """The SQL of the database's own views and macros, by name (lower case)."""
-    rows = con.execute("""
-        SELECT view_name, sql FROM duckdb_views() WHERE NOT internal AND NOT temporary
-        UNION ALL
-        SELECT function_name, string_agg(macro_definition, ' ') FROM duckdb_functions()
-        WHERE NOT internal AND database_name <> 'temp' AND function_type IN ('macro', 'table_macro')
-        GROUP BY ALL""").fetchall()
+    """The SQL of the database's own views, by name (lower case). Not its macros: listing them costs a command
+    more than the rest of its start; a macro of the database that reads the library gets what it reads when
+    binding misses it."""
+    rows = con.execute("SELECT view_name, sql FROM duckdb_views() WHERE NOT internal AND NOT temporary").fetchall()
     return {name.lower(): body or "" for name, body in rows}
 
 
