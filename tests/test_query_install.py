@@ -60,11 +60,11 @@ def test_a_deep_query_alone_gives_the_rows_it_gives_with_the_whole_library(captu
 
 
 def test_a_view_deep_in_the_chain_named_in_any_case_on_a_fresh_command(capture, whole, tmp_path, capsys):
-    expected = whole.sql("SELECT count(*) AS n FROM host_gaps_leaves").to_pylist()[0]["n"]
+    expected = whole.sql("SELECT count(*) AS n FROM _host_activity_won").to_pylist()[0]["n"]
     assert expected > 0
     db = tmp_path / "copy.duckdb"  # the command opens it with settings of its own
     db.write_bytes(capture.read_bytes())
-    assert main(["sql", "--db", str(db), "--format", "csv", "SELECT count(*) AS n FROM _HOST_GAPS_LEAVES"]) == 0
+    assert main(["sql", "--db", str(db), "--format", "csv", "SELECT count(*) AS n FROM _HOST_ACTIVITY_WON"]) == 0
     assert capsys.readouterr().out.split() == ["n", str(expected)]
 
 
