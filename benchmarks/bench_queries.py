@@ -600,7 +600,7 @@ FLOOR = {
     "phase ranges in time order": """
         SELECT sum(before_ns) FROM (SELECT lag(start_ns) OVER () AS before_ns FROM (
           SELECT r.global_tid, r.start_ns, r.end_ns, r.range_id
-          FROM nvtx_ranges AS r JOIN _host_gaps_phase_names AS n ON n.text = r.text
+          FROM nvtx_ranges AS r JOIN host_gaps_phase_names AS n ON n.text = r.text
           WHERE r.range_kind = 'push_pop'
           ORDER BY r.global_tid, r.start_ns, r.end_ns DESC, r.range_id))""",
     "adding up by (gap, phase)": """
@@ -615,7 +615,7 @@ def floor(path: Path, args: argparse.Namespace, budget: float) -> None:
     try:
         db.con.execute("""CREATE TEMP TABLE _parts AS
                           SELECT p.*, coalesce(n.phase_rank, 0) AS phase_rank FROM _host_gaps_parts_keyed AS p
-                          LEFT JOIN (SELECT DISTINCT phase, phase_rank FROM _host_gaps_phase_names) AS n USING (phase)""")
+                          LEFT JOIN (SELECT DISTINCT phase, phase_rank FROM host_gaps_phase_names) AS n USING (phase)""")
         best = {}
         for step, sql in FLOOR.items():
             timing = Timing([], [])

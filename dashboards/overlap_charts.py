@@ -1,7 +1,7 @@
 """Overlap off against on: the two runs' timelines one above the other, on one time scale, so the closed gaps show.
 
 Each timeline has two lanes over the same window of iterations: the host lane, the engine thread's
-host-phase leaves (host_gaps.sql's `_host_gaps_leaves`, coloured by phase), and the device lane,
+host-phase leaves (host_gaps.sql's `host_gaps_leaves`, coloured by phase), and the device lane,
 each iteration's device interval (`iterations`). Times count from the window's first step start, so
 the run with overlap, whose iterations come closer together, ends further left.
 """
@@ -28,13 +28,13 @@ def overlap_lanes(db, first_iteration: int = FIRST_ITERATION, count: int = WINDO
         WITH
           win AS (SELECT min(host_start_ns) AS t0, max(host_end_ns) AS t1 FROM iterations
                   WHERE iteration >= {lo} AND iteration < {hi}),
-          names AS (SELECT DISTINCT phase_rank, phase FROM _host_gaps_phase_names),
+          names AS (SELECT DISTINCT phase_rank, phase FROM host_gaps_phase_names),
           bars AS (
             SELECT 'device' AS lane, 'device interval' AS phase, device_start_ns AS s, device_end_ns AS e
             FROM iterations WHERE iteration >= {lo} AND iteration < {hi} AND device_start_ns IS NOT NULL
             UNION ALL
             SELECT 'host', n.phase, greatest(l.start_ns, w.t0), least(l.end_ns, w.t1)
-            FROM _host_gaps_leaves AS l JOIN names AS n USING (phase_rank), win AS w
+            FROM host_gaps_leaves AS l JOIN names AS n USING (phase_rank), win AS w
             WHERE l.start_ns < w.t1 AND l.end_ns > w.t0 AND n.phase <> 'forward')
         SELECT lane, phase, (s - w.t0) / {NS_PER_MS} AS start_ms, (e - w.t0) / {NS_PER_MS} AS end_ms,
                (e - s) / {NS_PER_MS} AS dur_ms

@@ -16,7 +16,8 @@ from itertrace.dashboards.blocks import Report, RunData
 from itertrace.dashboards.sections import sections
 from itertrace.dashboards.time_axis import capture_start_ns
 from itertrace.errors import UserError
-from itertrace.queries.api import NOT_INGESTED, QueryDB
+from itertrace.queries.api import QueryDB
+from itertrace.queries.library import NOT_INGESTED
 from itertrace.queries.catalog import SOURCE_TABLES
 
 def build_report(dbs: Sequence[str | Path], labels: Sequence[str] | None = None, *, title: str | None = None,

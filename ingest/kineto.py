@@ -21,7 +21,8 @@ from itertrace.ingest.kineto_checks import check_base_time, check_time_range, le
 from itertrace.ingest.kineto_json import looks_like_trace, split_trace
 from itertrace.ingest.kineto_nesting import create_kineto_nesting
 from itertrace.ingest.loader import EventCount, LoadContext
-from itertrace.ingest.normalize import SQL_FILES, normalized_tables, prefer_sort_based_joins, sql_text
+from itertrace.ingest.normalize import SQL_FILES, normalized_tables, sql_text
+from itertrace.ingest.plans import prefer_sort_based_joins
 from itertrace.ingest.sqldoc import comment_statements, literal, statements
 
 SUFFIXES = (".json", ".json.gz")

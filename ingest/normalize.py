@@ -9,6 +9,7 @@ import duckdb
 from itertrace.ingest.adapters import RAW_VIEWS, create_raw_views_over, schema_relations
 from itertrace.ingest.background import WORK, SideJob
 from itertrace.ingest.nesting import create_range_nesting
+from itertrace.ingest.plans import prefer_sort_based_joins
 from itertrace.ingest.progress import Progress
 from itertrace.ingest.projection import create_walked_projection
 from itertrace.ingest.sqldoc import comment_statements, statements, table_docs
@@ -127,22 +128,3 @@ def _execute(con: duckdb.DuckDBPyConnection, statement: str, made: set[str],
             made.add(name)
     with deferred():  # the statement may scan Arrow tables through pyarrow's Python: no signal raises in it
         con.execute(statement)
-
-
-def prefer_sort_based_joins(con: duckdb.DuckDBPyConnection) -> None:
-    """Keep DuckDB on its sort-based ASOF and IEJoin plans even where it underestimates row counts.
-
-    Notes
-    -----
-    Below `asof_loop_join_threshold` estimated rows DuckDB runs an ASOF join as a nested loop, and
-    below `merge_join_threshold` it takes a piecewise merge join over an IEJoin; both compare every
-    pair of rows on a thread. Its estimates after filters and window functions run far low (60 rows
-    estimated for 19k ranges in a real export), so both thresholds go to 0 for the
-    ingest connection and for every query connection (a trace of 40,448 iterations took 272 s in
-    host_gaps_parts with the nested loop, 0.85 s without).
-    """
-    for setting in ("asof_loop_join_threshold", "merge_join_threshold"):
-        try:
-            con.execute(f"SET {setting} = 0")
-        except duckdb.CatalogException:  # an older DuckDB without this setting also lacks the shortcut
-            pass

@@ -4,7 +4,7 @@ from __future__ import annotations
 from itertrace.lazy import lazy_exports
 
 # Where each public name lives: imported on first use (itertrace.lazy).
-_HOMES = {"QueryDB": "api", "connect": "api", "install": "api", "set_params": "api", "queries": "catalog"}
+_HOMES = {"QueryDB": "api", "connect": "api", "install": "library", "set_params": "api", "queries": "catalog"}
 
 __getattr__ = lazy_exports(__name__, _HOMES)
 __all__ = sorted(_HOMES)

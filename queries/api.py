@@ -1,28 +1,35 @@
-"""Open a database, install the query library into the session, set parameters, run queries.
+"""Open a database, set parameters, run queries over it and the query library.
 
-The views are installed as temporary views of the connection (the database file is opened
-read-only and never changed), unless `install(persist=True)` writes them into the file for other
-DuckDB clients. Only modules whose source tables the database holds are installed; asking for a
-query that needs a missing table is a UserError naming the table and where it comes from.
+The views a statement reads are created as temporary views of the connection when it first reads them
+(queries.library; the database file is opened read-only and never changed); `itertrace query --install`
+writes all of them into the file for other DuckDB clients. Only views whose source tables the database
+holds are created; asking for a query that needs a missing table is a UserError naming the table and
+where it comes from.
 """
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import duckdb
-import pyarrow as pa
 
 from itertrace.errors import UserError
 from itertrace.interrupts import quiet_progress
-from itertrace.ingest.normalize import prefer_sort_based_joins
-from itertrace.ingest.sqldoc import comment_statements
-from itertrace.queries.catalog import OPTIONAL_TABLES, SOURCE_TABLES, Query, all_params, modules, queries, requires
+from itertrace.ingest.plans import prefer_sort_based_joins
+from itertrace.queries.catalog import SOURCE_TABLES, Query, all_params, definitions, needed, queries
+from itertrace.queries.library import (ERROR_KIND, available, check_sources, create, first_line, missing_name, names_read,
+                                       source_tables, stored_bodies, tables)
 from itertrace.queries.suggest import MappingChoice, choose_mapping
 
-_ERROR_KIND = re.compile(r"^[\w ]+ Error: ")  # DuckDB's "Binder Error: " before its message
-_CREATE = re.compile(r"^CREATE (MACRO|VIEW) ", re.IGNORECASE | re.MULTILINE)
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+T = TypeVar("T")
+MAPPING_VARIABLES = frozenset({"preset", "step_pattern", "domain"})  # what choose_mapping sets
+_CHOOSING = ("_iterations_steps", "mapping_suggest")  # what choose_mapping reads
 
 
 def connect(db: str | Path, *, read_only: bool = True, writable: tuple[Path, ...] = (),
@@ -40,7 +47,7 @@ def connect(db: str | Path, *, read_only: bool = True, writable: tuple[Path, ...
             how = "read-write " if read_only else ""  # a writer waits for readers too
             raise UserError(f"{path}: open {how}in process {held.group(2)} ({held.group(1)}); close it there "
                             "first") from None
-        raise UserError(f"{path}: not a DuckDB database this duckdb can open ({_first_line(exc)})") from None
+        raise UserError(f"{path}: not a DuckDB database this duckdb can open ({first_line(exc)})") from None
     try:
         if con.execute("SELECT current_setting('lock_configuration')").fetchone()[0]:
             _check_locked(con, path, writable)
@@ -95,10 +102,10 @@ def default_memory_limit() -> str:
 
 def check_memory_limit(limit: str | None) -> str:
     """`limit` (or the default) as DuckDB takes it; a UserError for one that is not a size or too small."""
-    from itertrace.ingest.api import MIN_MEMORY_LIMIT, memory_bytes
-
     if limit is None:
         return default_memory_limit()
+    from itertrace.ingest.api import MIN_MEMORY_LIMIT, memory_bytes  # pyarrow and the loaders: only for a limit given
+
     size = memory_bytes(limit)
     if size is None:
         raise UserError(f"--memory-limit {limit}: not a size, such as 512MB or 2GB")
@@ -112,38 +119,39 @@ def out_of_memory(exc: BaseException, limit: str | None) -> str | None:
     if not isinstance(exc, duckdb.OutOfMemoryException):
         return None
     given = f"--memory-limit {limit}" if limit else f"the default --memory-limit {default_memory_limit()}"
-    return (f"the statement ran out of memory under {given} ({_ERROR_KIND.sub('', _first_line(exc))}); give it "
+    return (f"the statement ran out of memory under {given} ({ERROR_KIND.sub('', first_line(exc))}); give it "
             "more with --memory-limit")
 
 
-# Why a database holds none of SOURCE_TABLES, for the commands that refuse it.
-NOT_INGESTED = ("no table of `itertrace ingest` in this database (a capture gives nvtx_ranges, a run directory "
-                "run_iterations)")
-
-
 class QueryDB:
-    """A database with the query library installed: `db.query("host_gaps")` returns an Arrow table."""
+    """A database with the query library: `db.query("host_gaps")` returns an Arrow table.
+
+    Each statement gets the views and macros it reads, created on first use (queries.library); `con` is the
+    connection with all of them.
+    """
 
     def __init__(self, db: str | Path, params: dict[str, str] | None = None, *,
                  con: duckdb.DuckDBPyConnection | None = None, writable: tuple[Path, ...] = (),
                  memory_limit: str | None = None) -> None:
         self.path = Path(db)
         self.memory_limit = memory_limit
+        self.params = params or {}
         if con is not None and not con.execute("SELECT current_setting('lock_configuration')").fetchone()[0]:
             prefer_sort_based_joins(con)  # the caller's own connection, as it is: the caller trusts what it holds
-        self.con = con if con is not None else connect(self.path, writable=writable, memory_limit=memory_limit)
+        # The connection with only what has been asked for so far created in it.
+        self.session = con if con is not None else connect(self.path, writable=writable, memory_limit=memory_limit)
+        self.installed: set[str] = set()
+        self._choice: MappingChoice | None | bool = False  # False until the mapping is chosen
+        self._stored: dict[str, str] | None = None
         try:
-            try:
-                self.missing = install(self.con)
-            except UserError as exc:
-                raise UserError(f"{self.path}: {exc}") from None
-            set_params(self.con, params or {})
-            # What preset=auto (the default) chose; None when the caller chose, or without a capture.
-            self.mapping_choice: MappingChoice | None = (
-                None if "nvtx_ranges" in self.missing else choose_mapping(self.con, params or {}))
+            self.missing = self._prepared(source_tables, self.session)
+            self._prepared(check_sources, self.session, self.missing)
+            set_params(self.session, self.params)
+            if MAPPING_VARIABLES & set(self.params):  # a preset that does not fit is refused at once
+                self._choose()
         except BaseException:
             if con is None:
-                self.con.close()
+                self.session.close()
             raise
 
     def __enter__(self) -> QueryDB:
@@ -153,10 +161,59 @@ class QueryDB:
         self.close()
 
     def close(self) -> None:
-        self.con.close()
+        self.session.close()
+
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        """The connection, with every view and macro of the library that this database can hold."""
+        self.need(definitions())
+        return self.session
+
+    @property
+    def mapping_choice(self) -> MappingChoice | None:
+        """What preset=auto (the default) chose; None when the caller chose, or without a capture."""
+        return self._choose()
+
+    def _choose(self) -> MappingChoice | None:
+        """Choose the mapping (queries.suggest), once: the views that read it read the variables it sets."""
+        if self._choice is False:
+            self._choice = None
+            if "nvtx_ranges" not in self.missing:
+                self.need(_CHOOSING)
+                self._choice = choose_mapping(self.session, self.params)
+        return self._choice
+
+    def need(self, names: Iterable[str]) -> None:
+        """Create the definitions among `names` that are not there yet, with those they read."""
+        defs = [d for d in needed(names) if d.name not in self.installed]
+        if not defs:
+            return
+        self.installed |= self._prepared(create, self.session, defs, self.missing)
+        if any(MAPPING_VARIABLES & d.variables for d in defs):
+            self._choose()
+
+    def run(self, statement: str, work: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+        """`work(connection)` once what `statement` reads is created; again when it names a definition only in a
+        way no word of it shows (DuckDB says which when binding fails, before anything has run)."""
+        if self._stored is None:
+            self._stored = stored_bodies(self.session)
+        words = names_read(statement, self._stored)
+        self.need(words)
+        if MAPPING_VARIABLES & words:  # getvariable('preset') and the like: what the mapping sets
+            self._choose()
+        while True:
+            try:
+                return work(self.session)
+            except duckdb.Error as exc:
+                name = missing_name(exc)
+                if name not in definitions() or name in self.installed or not available(name, self.missing):
+                    raise
+                self.need([name])
 
     def tables(self) -> set[str]:
-        return _tables(self.con)
+        """The database's tables and views, and the library's views it can hold."""
+        return tables(self.session) | {d.name for d in definitions().values()
+                                       if d.kind == "VIEW" and available(d.name, self.missing)}
 
     def mapping_note(self) -> str | None:
         """Why the trace views come out empty when the mapping matches nothing here: one line, or None.
@@ -165,7 +222,7 @@ class QueryDB:
         """
         if "nvtx_ranges" in self.missing or (self.mapping_choice is not None and not self.mapping_choice.ranges):
             return None
-        steps, timed = self.con.execute("SELECT count(*), count(device_start_ns) FROM _iterations_device").fetchone()
+        steps, timed = self.rows("SELECT count(*), count(device_start_ns) FROM _iterations_device")[0]
         if not steps:
             return ("the mapping matches no step range in nvtx_ranges: check step_pattern and domain "
                     "(`SELECT * FROM mapping` shows them; docs/queries.md lists the parameters)")
@@ -184,7 +241,7 @@ class QueryDB:
                 raise UserError(f"{self.path}: query {name} needs table {table}, which this database does not have "
                                 f"(it comes from {SOURCE_TABLES[table]})")
         if query.uses_mapping:
-            self.sql("SELECT * FROM mapping")  # fails with a message when the mapping is incomplete
+            self.rows("SELECT * FROM mapping")  # fails with a message when the mapping is incomplete
         return query
 
     def query(self, name: str) -> pa.Table:
@@ -193,9 +250,17 @@ class QueryDB:
         return self.sql(f"SELECT * FROM {name}")
 
     def sql(self, text: str) -> pa.Table:
-        """Any SQL over the database and the installed views."""
+        """Any SQL over the database and the library's views."""
         try:
-            return self.con.sql(text).to_arrow_table()
+            return self.run(text, lambda con: con.sql(text).to_arrow_table())
+        except duckdb.Error as exc:
+            raise UserError(self.explain(exc)) from None
+
+    def rows(self, text: str) -> list[tuple]:
+        """Any SQL, as `sql`, its rows as tuples (without pyarrow, which takes a command longer to import than
+        most statements take to run)."""
+        try:
+            return self.run(text, lambda con: con.execute(text).fetchall())
         except duckdb.Error as exc:
             raise UserError(self.explain(exc)) from None
 
@@ -203,40 +268,12 @@ class QueryDB:
         """One line for a statement that failed here."""
         return out_of_memory(exc, self.memory_limit) or _explain(exc, self.missing, self.path)
 
-
-def install(con: duckdb.DuckDBPyConnection, *, persist: bool = False) -> dict[str, str]:
-    """Install every module whose tables exist; returns the missing tables, each with what comes from it.
-
-    Temporary views and macros by default; `persist=True` writes them into the database file.
-    """
-    present = _tables(con)
-    missing = {t: SOURCE_TABLES[t] for t in SOURCE_TABLES if t not in present}
-    if persist and len(missing) == len(SOURCE_TABLES):  # not an itertrace database: write nothing into it
-        raise UserError(f"{NOT_INGESTED}; nothing to install")
-    if "nvtx_ranges" in present:  # a capture ingested before these tables existed
-        for table, columns in OPTIONAL_TABLES.items():
-            if table in missing:
-                con.execute(f"CREATE {'' if persist else 'TEMP '}TABLE {table} ({columns})")
-                del missing[table]
-    replace = "CREATE OR REPLACE " if persist else "CREATE OR REPLACE TEMP "
-    installed: set[str] = set()
-    for mod in modules():
-        for d in mod.definitions:
-            tables = requires(d.name)[0]
-            if any(t in missing for t in tables):
-                continue
-            try:
-                con.execute(_CREATE.sub(lambda m: replace + m.group(1).upper() + " ", d.statement, count=1))
-            except duckdb.Error as exc:  # a table of that name, but not as `itertrace ingest` makes it
-                why = _ERROR_KIND.sub("", _first_line(exc))
-                raise UserError(f"{' or '.join(tables) or d.name} is not as `itertrace ingest` makes it: {d.name} "
-                                f"cannot be defined over it ({why})") from None
-            installed.add(d.name)
-        if persist:
-            for statement in comment_statements(mod.sql):
-                if statement.split()[3].split(".")[0] in installed:
-                    con.execute(statement)
-    return missing
+    def _prepared(self, step: Callable[..., T], *args) -> T:
+        """`step(*args)`, a UserError naming the database when the library cannot be defined over it."""
+        try:
+            return step(*args)
+        except UserError as exc:
+            raise UserError(f"{self.path}: {exc}") from None
 
 
 def set_params(con: duckdb.DuckDBPyConnection, params: dict[str, str]) -> None:
@@ -268,24 +305,14 @@ def set_params(con: duckdb.DuckDBPyConnection, params: dict[str, str]) -> None:
                 try:
                     con.execute("SELECT regexp_matches('', ?)", [value])
                 except duckdb.Error as exc:
-                    why = re.sub(r"^[\w ]+ Error: ", "", _first_line(exc))
+                    why = re.sub(r"^[\w ]+ Error: ", "", first_line(exc))
                     raise UserError(f"parameter {name}: {value!r} is not a regular expression ({why})") from None
         con.execute(f'SET VARIABLE "{name}" = ?', [typed])
 
 
-def _tables(con: duckdb.DuckDBPyConnection) -> set[str]:
-    rows = con.execute("SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' "
-                       "UNION SELECT view_name FROM duckdb_views() WHERE schema_name = 'main' AND NOT internal").fetchall()
-    return {r[0] for r in rows}
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-
-
 def _explain(exc: duckdb.Error, missing: dict[str, str], path: Path) -> str:
     """One line for a failed statement; a view that was not installed is named with the table it lacks."""
-    line = _first_line(exc)
+    line = first_line(exc)
     if m := re.search(r"Table with name (\w+) does not exist", line):
         name = m.group(1)
         if name in missing:

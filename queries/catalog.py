@@ -2,14 +2,16 @@
 
 A module is one `.sql` file that only defines things (macros and views) and produces nothing when
 run. Its first comment block documents it; `-- @param NAME TYPE [(a|b) or (>=N)] text` lines declare the
-parameters its views read with `getvariable('NAME')`. Public views are named after their module
-(`host_gaps`, `host_gaps_parts`, ...); helpers start with `_`. Which other modules and which
-database tables a module reads is found from the names in its SQL, so the order of installation
-and the tables a query needs are never written down twice.
+parameters its views read with `getvariable('NAME')`, and `-- @uses NAME, NAME` the other modules it
+reads (the installation order; a test checks the declaration against what DuckDB binds). Public views
+are named after their module (`host_gaps`, `host_gaps_parts`, ...); helpers start with `_`. Which
+definitions and which database tables a definition reads is found from the names in its SQL, so the
+tables a query needs are never written down twice.
 """
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -36,6 +38,7 @@ _DEFINES = re.compile(r"^CREATE (MACRO|VIEW) (\w+)", re.IGNORECASE | re.MULTILIN
 _READS = re.compile(r"\b(?:FROM|JOIN)\s+(\w+)", re.IGNORECASE)
 _CALLS = re.compile(r"\b(\w+)\(")
 _VARIABLES = re.compile(r"getvariable\('(\w+)'\)")
+_USES = re.compile(r"^--\s*@uses\s+(.*)$")
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class Definition:
 
     name: str
     module: str
+    kind: str  # VIEW or MACRO
     statement: str
     reads: frozenset[str]  # views, tables and macros it names
     variables: frozenset[str]  # parameters it reads with getvariable()
@@ -70,7 +74,7 @@ class Module:
     statements: tuple[str, ...]
     views: tuple[TableDoc, ...]  # its public views, documented
     params: tuple[Param, ...]
-    uses: tuple[str, ...]  # modules it reads, directly
+    uses: tuple[str, ...]  # modules it reads, directly, as its header declares them
     definitions: tuple[Definition, ...]  # in file order
 
 
@@ -78,16 +82,19 @@ def _code(sql: str) -> str:
     return "\n".join(line.split("--", 1)[0] for line in sql.splitlines())
 
 
-def _header(sql: str) -> tuple[str, tuple[Param, ...]]:
-    """The first paragraph of the file's leading comment, and the parameters it declares."""
+def _header(sql: str) -> tuple[str, tuple[Param, ...], tuple[str, ...]]:
+    """The first paragraph of the file's leading comment, and the parameters and modules it declares."""
     lines: list[str] = []
     params: list[Param] = []
+    uses: list[str] = []
     paragraph_done = False
     for line in sql.splitlines():
         if not line.startswith("--"):
             break
         text = line[2:].strip()
-        if m := _PARAM.match(line):
+        if m := _USES.match(line):
+            uses += [name.strip() for name in m.group(1).split(",")]
+        elif m := _PARAM.match(line):
             choices = tuple(m.group(4).split("|")) if m.group(4) else ()
             minimum = int(m.group(3)) if m.group(3) is not None else None
             params.append(Param(m.group(1), m.group(2), choices, m.group(5).strip(), minimum))
@@ -95,7 +102,7 @@ def _header(sql: str) -> tuple[str, tuple[Param, ...]]:
             paragraph_done = paragraph_done or bool(lines)
         elif not paragraph_done:
             lines.append(text)
-    return " ".join(lines), tuple(params)
+    return " ".join(lines), tuple(params), tuple(uses)
 
 
 @cache
@@ -103,15 +110,11 @@ def modules() -> tuple[Module, ...]:
     """Every module, each after the modules it uses."""
     raw = {path.stem: path.read_text() for path in sorted(SQL_DIR.glob("*.sql"))}
     raw[presets.MODULE] = presets.module_sql()  # made from presets.toml
-    defined = {name: tuple(m.group(2) for m in _DEFINES.finditer(_code(sql))) for name, sql in raw.items()}
     out: dict[str, Module] = {}
     for name, sql in raw.items():
-        code = _code(sql)
-        # A module reads a view or table where it names one after FROM or JOIN, and a macro where it calls it.
-        read = set(_READS.findall(code)) | set(_CALLS.findall(code))
-        uses = tuple(other for other, names in defined.items()
-                     if other != name and any(n in read for n in names))
-        doc, params = _header(sql)
+        doc, params, uses = _header(sql)
+        if unknown := [used for used in uses if used not in raw or used == name]:
+            raise RuntimeError(f"queries/{name}.sql: @uses names no other module: {', '.join(unknown)}")
         views = tuple(d for d in table_docs(sql) if d.kind == "VIEW" and not d.table.startswith("_"))
         stmts = tuple(statements(sql))
         definitions = tuple(_definition(name, statement) for statement in stmts)
@@ -138,14 +141,27 @@ def _definition(module_name: str, statement: str) -> Definition:
     if created is None:
         raise RuntimeError(f"queries/{module_name}.sql: a statement that defines no macro or view:\n{statement}")
     reads = set(_READS.findall(code)) | set(_CALLS.findall(code))
-    return Definition(created.group(2), module_name, statement, frozenset(reads - {created.group(2)}),
-                      frozenset(_VARIABLES.findall(code)))
+    return Definition(created.group(2), module_name, created.group(1).upper(), statement,
+                      frozenset(reads - {created.group(2)}), frozenset(_VARIABLES.findall(code)))
 
 
 @cache
 def definitions() -> dict[str, Definition]:
     """Every macro and view of the library, by name, in installation order."""
     return {d.name: d for m in modules() for d in m.definitions}
+
+
+def needed(names: Iterable[str]) -> tuple[Definition, ...]:
+    """The definitions among `names` and those they read, directly or through others, in installation order."""
+    defs = definitions()
+    seen: set[str] = set()
+    todo = [n for n in names if n in defs]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += [read for read in defs[name].reads if read in defs]
+    return tuple(d for d in defs.values() if d.name in seen)
 
 
 def requires(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -157,7 +157,8 @@ def _first_sentence(text: str) -> str:
 
 
 def _install(args: argparse.Namespace) -> int:
-    from itertrace.queries.api import connect, install, set_params
+    from itertrace.queries.api import connect, set_params
+    from itertrace.queries.library import install
 
     params = parse_params(args.param)
     con = connect(_db(args), read_only=False)
@@ -198,8 +199,8 @@ def _write(db: QueryDB, sql: str, out: Output, args: argparse.Namespace) -> int:
     from itertrace.queries.output import write
 
     try:
-        with interruptible(db.con):
-            return write(db.con, sql, out, max_rows=args.max_rows)
+        with interruptible(db.session):
+            return db.run(sql, lambda con: write(con, sql, out, max_rows=args.max_rows))
     except duckdb.Error as exc:
         line = db.explain(exc)
         if _CONFINED.search(line):

@@ -3,6 +3,8 @@
 --
 -- @param repeat_threshold BIGINT (>=1) Preemptions from which a request counts as repeatedly preempted; 2 when not given.
 -- @param request_id BIGINT The request fairness_progress follows; the one with the most output tokens (then the lowest id) when not given.
+--
+-- @uses request_latency
 
 -- One row per request: stalls, preemptions and resumptions.
 CREATE VIEW fairness (

@@ -8,6 +8,8 @@
 -- each level's winning pieces, so one sweep in time order over their starts and ends, with running
 -- maxima, finds what is in flight between any two consecutive instants (below): the pieces of
 -- host_activity, cut at the idle spans' edges, without joining every instant against each level.
+--
+-- @uses gpu_time, host_activity
 
 -- The parts of each idle span, unordered. One sweep per GPU, in time order, over the starts and ends of
 -- the pieces that won each level (_host_activity_level_won) and the starts of the idle spans: between

@@ -22,6 +22,8 @@
 -- sort-based joins: busy time and idle spans by running windows over each device's work in start
 -- order, and the gaps cut by the segments by two ASOF joins (an interval of one set starting inside
 -- one of the other, or the other way round), as host_gaps.sql does.
+--
+-- @uses iterations
 
 -- The (device, process) pairs that ran GPU work.
 CREATE VIEW _gpu_time_gpus AS

@@ -24,6 +24,8 @@
 -- comes from a sweep over each thread's frames: a frame is innermost from its start to the start of
 -- its first child, and after each child's end until the next; consecutive pieces may belong to the
 -- same interval.
+--
+-- @uses host_gaps, mapping, mapping_presets
 
 -- Threads ranked per process and kind: those with phase ranges (nvtx) and those that launched GPU
 -- work (cuda), the one that launched the most first, then by global_tid. Every thread takes part.
@@ -39,7 +41,7 @@ WITH
   leaf_threads AS (
     SELECT DISTINCT r.global_pid, r.global_tid
     FROM nvtx_ranges AS r
-    JOIN _host_gaps_phase_names AS n ON n.text = r.text
+    JOIN host_gaps_phase_names AS n ON n.text = r.text
     WHERE r.range_kind <> 'start_end' AND (r.range_kind <> 'python_frame' OR mapping_phase_pattern() <> '')
       AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
       AND r.global_pid IN (SELECT global_pid FROM processes)
@@ -111,7 +113,7 @@ END;
 -- them the Python frames of the processes with GPU work (cause_kind python, the frame's text).
 CREATE VIEW _host_activity_causes AS
 WITH
-  phases AS (SELECT DISTINCT phase_rank AS cause_id, 'nvtx' AS cause_kind, phase AS cause FROM _host_gaps_phase_names),
+  phases AS (SELECT DISTINCT phase_rank AS cause_id, 'nvtx' AS cause_kind, phase AS cause FROM host_gaps_phase_names),
   names AS (SELECT unnest(list(DISTINCT name ORDER BY name)) AS name FROM cuda_api),
   calls AS (
     SELECT (coalesce((SELECT max(cause_id) FROM phases), 0) + row_number() OVER (ORDER BY name))::INTEGER AS cause_id,
@@ -150,7 +152,7 @@ WITH
       lead(r.start_ns) OVER (PARTITION BY r.global_tid ORDER BY r.start_ns, r.end_ns DESC NULLS FIRST, r.range_id)
         AS next_start_ns
     FROM nvtx_ranges AS r
-    JOIN _host_gaps_phase_names AS n ON n.text = r.text
+    JOIN host_gaps_phase_names AS n ON n.text = r.text
     WHERE r.range_kind <> 'start_end' AND (r.range_kind <> 'python_frame' OR mapping_phase_pattern() <> '')
       AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
       AND r.global_tid IN (SELECT global_tid FROM ranks WHERE level = 'nvtx')

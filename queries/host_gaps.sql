@@ -32,6 +32,8 @@
 -- `unattributed` last.
 --
 -- @param limit BIGINT (>=0) How many gaps host_gaps_worst lists; 10 when not given.
+--
+-- @uses iterations, mapping
 
 -- The gaps' bounds, in no particular order: from the latest device end on the track to the next
 -- device start. gap_seq, the gap's place on its track, is the key the views below join gaps on: an
@@ -146,7 +148,14 @@ ORDER BY global_tid, gap_end_ns, iteration;
 -- phase's place in the order of host_gaps_parts (by name; `unattributed` comes after all). The pattern and name
 -- are worked out once per distinct text, not once per range (a trace holds millions of ranges but
 -- few names); the texts go through a list so that the pattern is not pushed down to every range.
-CREATE VIEW _host_gaps_phase_names AS
+CREATE VIEW host_gaps_phase_names (
+  -- A range text (nvtx_ranges.text) that matches the phase pattern.
+  text,
+  -- Its phase name, as host_gaps_parts names it.
+  phase,
+  -- The phase's place in the order of host_gaps_parts, 1 first (by name).
+  phase_rank
+) AS
 WITH
   texts AS (SELECT unnest(list(DISTINCT text)) AS text FROM nvtx_ranges),
   names AS (
@@ -159,8 +168,17 @@ FROM names
 WHERE phase <> 'unattributed';
 
 -- The host-phase leaves of the tracks' threads, those with device work (see the notes at the top of
--- this file; what_if_overlap reads them too); a leaf still open when the capture stopped ends last.
-CREATE VIEW _host_gaps_leaves AS
+-- host_gaps.sql; what_if_overlap reads them too); a leaf still open when the capture stopped ends last.
+CREATE VIEW host_gaps_leaves (
+  -- The thread (nvtx_ranges.global_tid), one with device work.
+  global_tid,
+  -- When the leaf starts.
+  start_ns,
+  -- When it ends; the largest BIGINT for a leaf still open when the capture stopped.
+  end_ns,
+  -- Its phase (host_gaps_phase_names.phase_rank).
+  phase_rank
+) AS
 WITH
   phases AS (
     SELECT
@@ -171,7 +189,7 @@ WITH
       lead(r.start_ns) OVER (PARTITION BY r.global_tid ORDER BY r.start_ns, r.end_ns DESC NULLS FIRST, r.range_id)
         AS next_start_ns
     FROM nvtx_ranges AS r
-    JOIN _host_gaps_phase_names AS n ON n.text = r.text
+    JOIN host_gaps_phase_names AS n ON n.text = r.text
     WHERE r.range_kind <> 'start_end' AND (r.range_kind <> 'python_frame' OR mapping_phase_pattern() <> '')
       AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
       AND r.global_tid IN (SELECT global_tid FROM _iterations_device WHERE device_start_ns IS NOT NULL)
@@ -191,13 +209,13 @@ WITH
     WHERE i.end_ns > i.start_ns
   )
 SELECT g.global_tid, g.iteration, g.gap_seq, l.phase_rank, least(l.end_ns, g.end_ns) - l.start_ns AS overlap_ns
-FROM _host_gaps_leaves AS l
+FROM host_gaps_leaves AS l
 ASOF JOIN pieces AS g ON g.global_tid = l.global_tid AND g.start_ns <= l.start_ns
 WHERE l.start_ns < g.end_ns
 UNION ALL
 SELECT g.global_tid, g.iteration, g.gap_seq, l.phase_rank, least(l.end_ns, g.end_ns) - g.start_ns
 FROM pieces AS g
-ASOF JOIN _host_gaps_leaves AS l ON l.global_tid = g.global_tid AND l.start_ns < g.start_ns
+ASOF JOIN host_gaps_leaves AS l ON l.global_tid = g.global_tid AND l.start_ns < g.start_ns
 WHERE l.end_ns > g.start_ns;
 
 -- host_gaps_parts, with each gap's gap_seq (the key the summaries below join gaps on).
@@ -214,7 +232,7 @@ WITH
   parts AS (
     SELECT a.global_tid, a.iteration, a.gap_seq, a.phase_rank, n.phase, a.dur_ns
     FROM attributed AS a
-    JOIN (SELECT DISTINCT phase, phase_rank FROM _host_gaps_phase_names) AS n ON n.phase_rank = a.phase_rank
+    JOIN (SELECT DISTINCT phase, phase_rank FROM host_gaps_phase_names) AS n ON n.phase_rank = a.phase_rank
     UNION ALL
     -- each gap's unattributed part, after every phase's (rank 2147483647)
     SELECT g.global_tid, g.iteration, g.gap_seq, 2147483647, 'unattributed', (g.gap_ns - coalesce(c.dur_ns, 0))::BIGINT

@@ -4,6 +4,8 @@
 -- without GPU work, the device-pattern range inside the step (this engine's `forward`), or the one
 -- numbered as the step (see _iterations_device_ranges). Range names come from the mapping
 -- (mapping.sql), so the same SQL serves other programs' traces.
+--
+-- @uses mapping
 
 -- The step ranges the mapping names, numbered as it says: the outermost ones, where the pattern also
 -- matches a range inside a matching range of its thread (a stack frame around another, such as

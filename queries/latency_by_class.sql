@@ -3,6 +3,8 @@
 -- A reserved share of the token budget for decode (--decode-reserve) trades long prompts' TTFT for
 -- everyone's TPOT; these views keep that trade visible per class. Prompt-length buckets are powers
 -- of two: [1, 2), [2, 4), ..., [512, 1024), ...
+--
+-- @uses request_latency
 
 -- One row per request that got a token, with its classes and latencies.
 CREATE VIEW latency_by_class_requests (

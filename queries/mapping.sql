@@ -19,6 +19,8 @@
 --
 -- The mapping is read through macros so that each pattern is a constant when a query runs (a
 -- pattern read from a table would be compiled again for every row).
+--
+-- @uses mapping_presets
 
 CREATE MACRO mapping_preset() AS coalesce(getvariable('preset'), 'itertrace');
 

@@ -18,6 +18,8 @@
 -- share (the range that encloses its phases), then to the shallower nesting depth. `params` maps the
 -- candidate: a preset whose iteration range it is, else the generic mapping with a pattern that
 -- matches exactly the name's ranges.
+--
+-- @uses mapping_presets
 
 -- Per range: its name (worked out once per distinct text), thread, times and the GPU work it launched.
 CREATE VIEW _mapping_suggest_ranges AS

@@ -12,6 +12,8 @@
 -- takes it in (its arrive mark), which on a live run is up to one iteration after it arrived; the
 -- log holds both times, so the comparison measures the log's latencies from intake too and shows
 -- the intake delay it leaves out.
+--
+-- @uses iterations
 
 -- Every token of every request, from the run log's token events.
 CREATE VIEW request_latency_log_tokens (

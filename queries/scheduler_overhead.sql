@@ -1,5 +1,7 @@
 -- Scheduler overhead, from the trace: per iteration, the host time outside device work against the
 -- device time, and how often host work is the larger.
+--
+-- @uses iterations
 
 -- One row per iteration with a device interval.
 CREATE VIEW scheduler_overhead (

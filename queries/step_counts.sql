@@ -9,6 +9,8 @@
 -- TensorRT-LLM (PyExecutor._forward_step) `[Executor] _forward_step {iter}: {N} ctx reqs, {T} ctx
 -- tokens, {M} gen reqs`. Other steps, and vLLM's older `execute_new_{n}_cached_{m}`, carry none: their
 -- counts are NULL. batch_size and tokens are what the text says, else the sum of its prefill and decode parts.
+--
+-- @uses iterations, mapping, mapping_presets
 
 -- One row per iteration (iterations.sql), with the counts its step's text carries.
 CREATE VIEW step_counts (

@@ -37,6 +37,8 @@
 -- the iteration that sampled it.
 --
 -- @param hide VARCHAR Host phases to hide behind the device: phase names as host_gaps_parts names them, comma-separated; schedule,prepare when not given; empty for none.
+--
+-- @uses host_gaps, iterations, request_latency
 
 -- The phases to hide: the `hide` parameter as a list of names, blanks and repeats dropped.
 CREATE MACRO _what_if_overlap_hide() AS list_distinct(list_filter(
@@ -47,7 +49,7 @@ CREATE MACRO _what_if_overlap_hide() AS list_distinct(list_filter(
 CREATE VIEW _what_if_overlap_hidden_phases AS
 WITH
   asked AS (SELECT unnest(_what_if_overlap_hide()) AS phase),
-  known AS (SELECT DISTINCT phase FROM _host_gaps_phase_names),
+  known AS (SELECT DISTINCT phase FROM host_gaps_phase_names),
   listed AS (
     SELECT coalesce(nullif(array_to_string(list_slice(list(phase ORDER BY phase), 1, 12), ', ')
                            || CASE WHEN count(*) > 12 THEN ', ...' ELSE '' END, ''), 'none') AS phases
@@ -94,9 +96,9 @@ FROM busy;
 -- no other phase range; one still open when the capture stopped ends last) whose phase is hidden.
 CREATE VIEW _what_if_overlap_hidden_leaves AS
 SELECT l.global_tid, l.start_ns, l.end_ns
-FROM _host_gaps_leaves AS l
+FROM host_gaps_leaves AS l
 WHERE l.phase_rank IN (
-  SELECT phase_rank FROM _host_gaps_phase_names WHERE phase IN (SELECT phase FROM _what_if_overlap_hidden_phases));
+  SELECT phase_rank FROM host_gaps_phase_names WHERE phase IN (SELECT phase FROM _what_if_overlap_hidden_phases));
 
 -- Per period, the time of its hidden leaves outside its device interval. Periods on a track are
 -- disjoint, and so are leaves, so a leaf and a period overlap exactly when the leaf starts inside the

@@ -18,7 +18,7 @@ import itertrace.ingest
 from itertrace.ingest.run_schema import META_COLUMNS, RUN_TABLES, Kind
 from itertrace.ingest.sqldoc import statements
 from itertrace.queries import QueryDB, set_params
-from itertrace.queries.catalog import all_params
+from itertrace.queries.catalog import all_params, definitions
 
 INGEST_SQL = Path(itertrace.ingest.__file__).parent / "sql"
 DUCKDB_TYPES = {Kind.INT: "BIGINT", Kind.TEXT: "VARCHAR", Kind.BOOL: "BOOLEAN", Kind.INT_LIST: "BIGINT[]"}
@@ -106,6 +106,7 @@ class TraceDB:
             self.con.execute(statement)
         self.tables = [row[0] for row in self.con.execute("SELECT table_name FROM duckdb_tables()").fetchall()]
         self.db = QueryDB("test.duckdb", con=self.con)
+        self.db.need(definitions())  # every view, and the mapping chosen, before a test sets its parameters
 
     def __enter__(self) -> TraceDB:
         return self

@@ -91,7 +91,7 @@ def test_a_text_table_written_to_a_file_is_the_table_shown_whole(db, tmp_path, c
     assert out.read_text() == shown and len(shown.splitlines()) > 100
     import duckdb
     with duckdb.connect(str(db), read_only=True) as con:
-        from itertrace.queries.api import install
+        from itertrace.queries.library import install
         install(con)
         rel = con.sql(sql)
         assert shown == format_table(rel.columns, rel.fetchall(), None)

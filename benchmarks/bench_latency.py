@@ -1,0 +1,95 @@
+"""Benchmark (not a test): how long a command takes to answer, beside a bare DuckDB statement on the same file.
+
+The database: the shared one-step vLLM trace (`../shared/serving_traces/vllm_decode_full_graph_step.json.gz`)
+repeated STEPS times with shifted times and ids (`tests/serving_captures.py`), without its Python frames
+unless `--frames`, ingested with `itertrace ingest`. Each command runs in its own process, and the commands
+are taken in turn for ROUNDS rounds, so that a busy spell of the machine falls on all of them alike:
+
+- the anchor: `python -c "import duckdb; duckdb.connect(DB).sql('SELECT 1')"`, the least a Python client pays;
+- `itertrace sql --db DB "SELECT 1"` (target: at most 2x the anchor);
+- `itertrace query gpu_time_summary --db DB` (target: under 0.4 s on a 48k-row capture, the default size).
+
+Prints the median wall and CPU time (user + system, every thread) of each, and each command's ratio to the
+anchor, with the number of rounds and the load average; writes every run to OUT/bench_latency.json.
+
+Usage: python benchmarks/bench_latency.py [--steps 96] [--rounds 7] [--frames] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_kineto import STEP, measure  # noqa: E402  (one command's wall, CPU and peak RSS)
+from serving_captures import build, path_of  # noqa: E402  (the tests' builder of multi-step traces)
+
+ANCHOR = "import sys, duckdb; duckdb.connect(sys.argv[1]).sql('SELECT 1').fetchall()"
+
+
+def commands(db: Path) -> dict[str, list[str]]:
+    """Each measured command's argv, the anchor first."""
+    cli = [sys.executable, "-m", "itertrace.cli"]
+    return {"bare DuckDB SELECT 1": [sys.executable, "-c", ANCHOR, str(db)],
+            "itertrace sql SELECT 1": [*cli, "sql", "--db", str(db), "SELECT 1"],
+            "itertrace query gpu_time_summary": [*cli, "query", "gpu_time_summary", "--db", str(db)]}
+
+
+def database(steps: int, frames: bool, out: Path) -> tuple[Path, int]:
+    """The ingested vLLM-shaped capture of `steps` steps, and its rows over all tables."""
+    import duckdb
+
+    drop = frozenset() if frames else frozenset({"python_function"})
+    trace = build(STEP, steps, out / f"vllm_x{steps}{'' if frames else '-noframes'}.json", drop=drop)
+    db = out / f"{trace.stem}.duckdb"
+    db.unlink(missing_ok=True)
+    measure([sys.executable, "-m", "itertrace.cli", "ingest", str(trace), "--db", str(db)])
+    trace.unlink()
+    with duckdb.connect(str(db), read_only=True) as con:
+        names = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()]
+        rows = sum(con.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0] for name in names)
+    return db, rows
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=96, help="steps of the vLLM trace (default 96: about 48k rows)")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds of every command, taken in turn (default 7)")
+    parser.add_argument("--frames", action="store_true", help="keep the trace's Python frames (about 3x the rows)")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/itertrace-bench-latency"))
+    args = parser.parse_args(argv)
+    if not path_of(STEP).is_file():
+        raise SystemExit(f"{path_of(STEP)}: the shared vLLM trace is not there")
+    args.out.mkdir(parents=True, exist_ok=True)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: bytecode compiled once, not by every command
+    db, rows = database(args.steps, args.frames, args.out)
+    found = commands(db)
+    for argv_ in found.values():  # once each before the rounds: files in the page cache, bytecode compiled
+        measure(argv_)
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in found}
+    for _ in range(args.rounds):
+        for name, argv_ in found.items():
+            results[name].append(measure(argv_)[:2])
+    with open("/proc/loadavg") as load:
+        loadavg = " ".join(load.read().split()[:3])
+    medians = {name: (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs))
+               for name, runs in results.items()}
+    anchor = medians["bare DuckDB SELECT 1"]
+    print(f"{db.name}: {args.steps} steps, {rows:,} rows; {args.rounds} rounds; load average {loadavg}")
+    print(f"{'command':34} {'wall s':>7} {'CPU s':>6} {'wall / anchor':>13} {'CPU / anchor':>12}  (medians)")
+    ratios = {}
+    for name, (wall, cpu) in medians.items():
+        ratios[name] = (wall / anchor[0], cpu / anchor[1])
+        print(f"{name:34} {wall:7.3f} {cpu:6.3f} {ratios[name][0]:12.2f}x {ratios[name][1]:11.2f}x")
+    report = {"load_average": loadavg, "steps": args.steps, "rows": rows, "frames": args.frames,
+              "results": results, "ratios": ratios}
+    (args.out / "bench_latency.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()
