@@ -79,7 +79,8 @@ WITH
     WHERE end_ns > start_ns
   ),
   islands AS (
-    SELECT *, count(*) FILTER (WHERE busy_until_ns IS NULL OR start_ns > busy_until_ns)
+    -- a running sum, not count(*) FILTER (...) OVER: DuckDB counts a filtered window anew for every row
+    SELECT *, sum((busy_until_ns IS NULL OR start_ns > busy_until_ns)::INTEGER)
                 OVER (PARTITION BY global_pid ORDER BY start_ns, end_ns ROWS UNBOUNDED PRECEDING) AS island
     FROM ops
   )
