@@ -2,7 +2,7 @@
 # GPU checks, for a session that has a CUDA machine (CI has none, and nothing else depends on this).
 #
 # Run from the repository root on the GPU machine, with logs written under $OUT (default /tmp/gpu-check):
-#   - the torch tests, which run on CUDA when it is present, and tests/test_cuda.py (CPU and CUDA
+#   - the torch tests, which run on CUDA when it is present, and tests/profiler/test_cuda.py (CPU and CUDA
 #     runners batch for batch);
 #   - `itertrace run --runner torch --device cuda`, the same with and without --overlap side by side, and
 #     the slot-time experiment on CUDA;
@@ -44,7 +44,7 @@ python3 -c "import torch, duckdb; print('torch', torch.__version__, torch.cuda.g
 echo "cores: $(nproc); setup took $((SECONDS - start))s"
 
 TAIL=40 stage tests 200 python3 -m pytest -q -p no:cacheprovider -rs \
-  tests/test_cuda.py tests/test_torch_runner.py tests/test_torch_engine.py tests/test_model.py tests/test_overlap_torch.py
+  tests/profiler/test_cuda.py tests/profiler/test_torch_runner.py tests/profiler/test_torch_engine.py tests/profiler/test_model.py tests/profiler/test_overlap_torch.py
 stage run 60 itertrace run --runner torch --device cuda --workload synthetic --num-requests 64 \
   --output-len uniform:16:128 --capacity 16 --out /tmp/gpu-run
 [[ -f /tmp/gpu-run/run.json ]] && python3 -c "import json; m = json.load(open('/tmp/gpu-run/run.json')); print({k: m[k] for k in ('runner', 'device', 'device_name', 'clock_source')})"

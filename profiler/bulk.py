@@ -3,7 +3,7 @@
 Such iterations (Scheduler.bulk_steps) differ only in positions, tokens, times and KV blocks, so the
 runner (a BulkRunner) gives their times and tokens as arrays, the scheduler commits them in one go
 (Scheduler.commit_bulk) and their log rows go out as columns: the same rows, events and request state
-as a pass of the loop each (tests/test_bulk.py compares the two). A stretch stops short of the
+as a pass of the loop each (tests/profiler/test_bulk.py compares the two). A stretch stops short of the
 iteration where a row finishes or may stop, a request arrives or is canceled, or the KV pool runs
 short: that one runs one by one.
 """

@@ -56,7 +56,7 @@ class IncrementalDetokenizer:
 # drawing the words' 32-bit outputs in one call and turning them into letters with numpy. Requests hold a
 # `SynthPrompt`, which makes its ids only when they are first read: the simulated runner never reads
 # them, so a 100,000-request simulated run makes none.
-# tests/test_tokenizer.py keeps the loop, and holds the two equal.
+# tests/profiler/test_tokenizer.py keeps the loop, and holds the two equal.
 #
 # How `random` consumes 32-bit outputs u[0], u[1], ... (CPython's _randommodule.c and random.py):
 # - randint(1, 9) is 1 + _randbelow(9): 4-bit draws u >> 28, redrawn while >= 9: one output each;

@@ -1,0 +1,28 @@
+"""benchmarks/bench_latency.py runs end to end at a tiny size (one step, one round): every command it times
+succeeds and every ratio it prints is there."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from serving_captures import path_of
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_latency.py"
+
+pytestmark = [pytest.mark.shared, pytest.mark.slow,
+              pytest.mark.skipif(not path_of("vllm_decode_full_graph_step").is_file(),
+                                 reason="the shared vLLM trace is not there")]
+
+
+def test_tiny_run(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("bench_latency", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    report = bench.main(["--steps", "1", "--rounds", "1", "--out", str(tmp_path)])
+    names = {"bare DuckDB SELECT 1", "itertrace sql SELECT 1", "itertrace query gpu_time_summary"}
+    assert set(report["results"]) == set(report["ratios"]) == names
+    assert all(len(runs) == 1 and min(runs[0]) > 0 for runs in report["results"].values())
+    assert report["ratios"]["bare DuckDB SELECT 1"] == (1.0, 1.0)
+    assert "vllm_x1-noframes.duckdb: 1 steps, " in capsys.readouterr().out
+    assert (tmp_path / "bench_latency.json").is_file()
