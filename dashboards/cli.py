@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Build the report, write it, and print one closing line."""
-    from itertrace.dashboards.html import write_report  # altair and vl-convert load only for this command
+    from itertrace.dashboards.html import write_report_or_fail  # altair and vl-convert load only for this command
     from itertrace.dashboards.report import build_report
 
     started = time.perf_counter()
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         return run_fleet_report(args, started)
     from itertrace.queries.cli import parse_params
 
-    from itertrace.targets import Kind, remove_leftovers, replaceable, write_failure
+    from itertrace.targets import Kind, remove_leftovers, replaceable
 
     if any(args.out.resolve() == db.resolve() for db in args.db):
         raise UserError(f"-o {args.out}: is one of the --db databases; write the report to another file")
@@ -62,12 +62,7 @@ def run(args: argparse.Namespace) -> int:
     remove_leftovers(out)
     report = build_report(args.db, args.label, title=args.title, params=parse_params(args.param),
                           memory_limit=args.memory_limit)
-    try:
-        written = write_report(report, out, png_dir=args.png)
-    except OSError as exc:
-        if why := write_failure(exc):
-            raise UserError(f"-o {out}: cannot write {exc.filename or 'it'} ({why})") from None
-        raise
+    written = write_report_or_fail(report, out, args.png)
     if not args.quiet:
         pngs = f", {len(written.pngs)} PNGs in {args.png}" if written.pngs else ""
         print(f"itertrace: wrote {written.html} ({written.charts} charts, {written.tables} tables, "

@@ -35,11 +35,11 @@ def run_fleet_report(args: argparse.Namespace, started: float) -> int:
         raise UserError("report: --label names the runs of --db; a fleet's captures are named by their paths")
     from itertrace.dashboards.fleet_report import (ReportOutcome, build_fleet_report, check_summary, report_jobs,
                                                    write_capture_report)
-    from itertrace.dashboards.html import write_report
+    from itertrace.dashboards.html import write_report_or_fail
     from itertrace.fleet.cluster import ClusterOptions, check_answers, fleet_client
     from itertrace.fleet.layout import existing, held, read_manifest
     from itertrace.fleet.runner import TaskProgress, run_tasks
-    from itertrace.targets import Kind, remove_leftovers, replaceable, write_failure
+    from itertrace.targets import Kind, remove_leftovers, replaceable
 
     from itertrace.queries.cli import parse_params
 
@@ -67,12 +67,7 @@ def run_fleet_report(args: argparse.Namespace, started: float) -> int:
                     progress.count(failed=outcome.error is not None)
             progress.close()
         report = build_fleet_report(fleet, out, title=args.title)
-    try:
-        written = write_report(report, out, png_dir=args.png)
-    except OSError as exc:
-        if why := write_failure(exc):
-            raise UserError(f"-o {out}: cannot write {exc.filename or 'it'} ({why})") from None
-        raise
+    written = write_report_or_fail(report, out, args.png)
     if not args.quiet:
         for name, error in failed:
             print(f"itertrace: report of {name} failed: {error}", file=sys.stderr)

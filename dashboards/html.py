@@ -24,7 +24,7 @@ import vl_convert
 from itertrace import __version__ as version
 from itertrace.dashboards.blocks import ChartBlock, NoteBlock, Report, TableBlock
 from itertrace.errors import UserError, no_folder_for
-from itertrace.targets import Kind, replaceable
+from itertrace.targets import Kind, replaceable, write_failure
 
 # Applied to every chart of the page and every PNG: the chart functions leave configuration to the caller.
 CONFIG = {
@@ -258,4 +258,14 @@ def _write_atomically(path: Path, data: bytes) -> None:
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_report_or_fail(report: Report, out: Path, png_dir: Path | None = None) -> Written:
+    """write_report, with a failure to write said in one line naming `-o` (a UserError)."""
+    try:
+        return write_report(report, out, png_dir=png_dir)
+    except OSError as exc:
+        if why := write_failure(exc):
+            raise UserError(f"-o {out}: cannot write {exc.filename or 'it'} ({why})") from None
         raise
