@@ -4,7 +4,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import duckdb
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
@@ -38,19 +37,6 @@ def fails(capsys, *argv: str) -> str:
     assert len(lines) == 1 and lines[0].startswith("itertrace: error: "), captured.err
     assert captured.out == ""
     return lines[0]
-
-
-@pytest.fixture
-def target(tmp_path) -> Path:
-    """Where the database would go; holds an older database that a failed ingest must leave alone."""
-    db = tmp_path / "out" / "trace.duckdb"
-    db.parent.mkdir()
-    with duckdb.connect(str(db)) as con:  # --db replaces only a DuckDB database
-        con.execute("CREATE TABLE earlier AS SELECT 1 AS x")
-    before = db.read_bytes()
-    yield db
-    assert db.read_bytes() == before
-    assert sorted(p.name for p in db.parent.iterdir()) == ["trace.duckdb"]  # no temporary file left
 
 
 def test_truncated_arrow_export(tmp_path, target, capsys):

@@ -34,19 +34,6 @@ def stream_ends(path: Path) -> list[int]:
     return ends
 
 
-@pytest.fixture
-def target(tmp_path) -> Path:
-    """Where the database would go; holds an older database that a refused ingest leaves as it is."""
-    db = tmp_path / "out" / "trace.duckdb"
-    db.parent.mkdir()
-    with duckdb.connect(str(db)) as con:
-        con.execute("CREATE TABLE earlier AS SELECT 1 AS x")
-    before = db.read_bytes()
-    yield db
-    assert db.read_bytes() == before
-    assert sorted(p.name for p in db.parent.iterdir()) == ["trace.duckdb"]
-
-
 def refused(capsys, source: Path, db: Path) -> str:
     assert main(["ingest", str(source), "--db", str(db), "--quiet"]) == 2
     captured = capsys.readouterr()

@@ -17,19 +17,6 @@ from test_ingest_formats import export_tables, i64, write_arrow, write_parquetdi
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 
 
-@pytest.fixture
-def target(tmp_path) -> Path:
-    """Where the database would go; holds an older database that a refused ingest leaves as it is."""
-    db = tmp_path / "out" / "trace.duckdb"
-    db.parent.mkdir()
-    with duckdb.connect(str(db)) as con:
-        con.execute("CREATE TABLE earlier AS SELECT 1 AS x")
-    before = db.read_bytes()
-    yield db
-    assert db.read_bytes() == before
-    assert sorted(p.name for p in db.parent.iterdir()) == ["trace.duckdb"]
-
-
 def refused(capsys, *sources: Path, db: Path) -> str:
     """The one error line of an ingest that must fail with status 2."""
     assert main(["ingest", *map(str, sources), "--db", str(db), "--quiet"]) == 2

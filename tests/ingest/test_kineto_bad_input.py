@@ -22,19 +22,6 @@ def fails(capsys, *argv: str) -> str:
     return lines[0]
 
 
-@pytest.fixture
-def target(tmp_path) -> Path:
-    """Where the database would go; holds an older database that a failed ingest must leave alone."""
-    db = tmp_path / "out" / "trace.duckdb"
-    db.parent.mkdir()
-    with duckdb.connect(str(db)) as con:  # --db replaces only a DuckDB database
-        con.execute("CREATE TABLE earlier AS SELECT 1 AS x")
-    before = db.read_bytes()
-    yield db
-    assert db.read_bytes() == before
-    assert sorted(p.name for p in db.parent.iterdir()) == ["trace.duckdb"]
-
-
 def trace_bytes() -> bytes:
     return json.dumps({"schemaVersion": 1, "traceEvents": [EVENT] * 50, "traceName": "t"}, indent=1).encode()
 

@@ -38,19 +38,6 @@ def copy(run_dir, tmp_path) -> Path:
     return Path(shutil.copytree(run_dir, tmp_path / "damaged"))
 
 
-@pytest.fixture
-def target(tmp_path) -> Path:
-    """Where the database would go; holds an older database that a failed ingest must leave alone."""
-    db = tmp_path / "out" / "trace.duckdb"
-    db.parent.mkdir()
-    with duckdb.connect(str(db)) as con:  # --db replaces only a DuckDB database
-        con.execute("CREATE TABLE earlier AS SELECT 1 AS x")
-    before = db.read_bytes()
-    yield db
-    assert db.read_bytes() == before
-    assert sorted(p.name for p in db.parent.iterdir()) == ["trace.duckdb"]
-
-
 def fails(capsys, *argv: str) -> str:
     """Run `itertrace` and return its one error line, checking the status and that nothing else was printed."""
     assert main(list(argv)) == 2
