@@ -122,13 +122,13 @@ def summary_rows(folder: Path) -> dict[str, list]:
 
 def large_capture(out: Path, megabytes: int) -> tuple[Path, float]:
     """A PyTorch profiler trace of about `megabytes` MB; (its folder, its MB)."""
-    sys.path.insert(0, str(HERE))
-    from bench_kineto import repeated  # the same repetition as the Kineto benchmark's large trace
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from serving_captures import repeat  # copies shifted in time and ids, as the Kineto benchmark's trace
 
     per_copy_mb = len(gzip.decompress(LARGE_SAMPLE.read_bytes())) / 1e6
     folder = out / "large" / "server-0"
     folder.mkdir(parents=True)
-    path, _ = repeated(LARGE_SAMPLE, max(1, round(megabytes / per_copy_mb)), folder / "rank-0.json")
+    path = repeat(LARGE_SAMPLE, max(1, round(megabytes / per_copy_mb)), folder / "rank-0.json")
     return folder.parent, path.stat().st_size / 1e6
 
 

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.shared, pytest.mark.slow,
 
 
 def test_the_benchmark_runs_and_prints_its_table(tmp_path):
-    done = subprocess.run([sys.executable, str(BENCH), "--captures", "5", "--large-mb", "0", "--out",
+    done = subprocess.run([sys.executable, str(BENCH), "--captures", "5", "--large-mb", "1", "--out",
                            str(tmp_path / "bench")], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
@@ -28,4 +28,6 @@ def test_the_benchmark_runs_and_prints_its_table(tmp_path):
         ("ingest", "1"), ("ingest", "2"), ("summary", "1"), ("summary", "2")]
     assert lines[6].startswith("summary  this process        5")
     assert any(line.startswith("the in-process summary's rows equal the 2-worker summary's: yes") for line in lines)
+    (large,) = [line for line in lines if line.startswith("one ")]  # one resnet copy: the least it makes
+    assert large.startswith("one 15 MB trace on 1 worker: ingest ") and "MB/s), peak RSS " in large
     assert not (tmp_path / "bench").exists()  # removed without --keep
