@@ -266,7 +266,26 @@ class QueryDB:
 
     def explain(self, exc: duckdb.Error) -> str:
         """One line for a statement that failed here."""
-        return out_of_memory(exc, self.memory_limit) or _explain(exc, self.missing, self.path)
+        return (out_of_memory(exc, self.memory_limit) or self._wrong_source(exc)
+                or _explain(exc, self.missing, self.path))
+
+    def _wrong_source(self, exc: duckdb.Error) -> str | None:
+        """For a statement that failed binding: the source table that is not as `itertrace ingest` makes it, found
+        by binding each created view that reads a source table directly (views are bound only when read, so the
+        library's views over such a table are not refused when they are created); None where all bind."""
+        if not isinstance(exc, duckdb.BinderException):
+            return None
+        for d in definitions().values():
+            direct = sorted(d.reads & set(SOURCE_TABLES))
+            if d.kind != "VIEW" or d.name not in self.installed or not direct:
+                continue
+            try:
+                self.session.execute(f"SELECT * FROM {d.name} LIMIT 0").fetchall()
+            except duckdb.Error as failed:
+                why = ERROR_KIND.sub("", first_line(failed))
+                return (f"{self.path}: {' or '.join(direct)} is not as `itertrace ingest` makes it: {d.name} "
+                        f"cannot be defined over it ({why})")
+        return None
 
     def _prepared(self, step: Callable[..., T], *args) -> T:
         """`step(*args)`, a UserError naming the database when the library cannot be defined over it."""

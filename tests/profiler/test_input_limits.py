@@ -131,6 +131,8 @@ def test_a_report_on_a_table_of_the_wrong_types_is_one_line(tmp_path, capsys):
     line = refused(capsys, "report", "--db", str(db), "-o", str(tmp_path / "r.html"))
     assert str(db) in line and "nvtx_ranges" in line, line
     assert not (tmp_path / "r.html").exists()
+    line = refused(capsys, "sql", "SELECT count(*) FROM iterations", "--db", str(db))
+    assert line.startswith(f"itertrace: error: {db}: nvtx_ranges is not as `itertrace ingest` makes it: "), line
 
 
 @pytest.mark.parametrize("rate", ["1e-300", "1e-10"])
