@@ -10,7 +10,7 @@ import pytest
 
 from itertrace.cli import main
 from test_ingest_formats import export_tables, write_parquetdir
-from test_input_extremes import refused, rows, target  # noqa: F401 (target is a fixture)
+from test_input_extremes import refused, rows
 
 EVENT = {"ph": "X", "cat": "user_annotation", "name": "step", "pid": 7, "tid": 8, "ts": 10, "dur": 5}
 KERNEL = {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 12, "dur": 2,

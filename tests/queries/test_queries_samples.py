@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from conftest import SAMPLES
 from itertrace.profiler.session import percentile
 from itertrace.queries import QueryDB
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"  # the repository's real captures
 
 pytestmark = pytest.mark.nsys
 

@@ -2,17 +2,19 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from query_fixtures import TID_A, TID_C, mark, pid_of, projection, push_pop, phase, step
 
-from conftest import SAMPLES
 from itertrace.errors import UserError
 from itertrace.profiler.tracing.nvtx_ranges import PhaseName
 from itertrace.cli import main
 from itertrace.queries import QueryDB, set_params
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"  # the repository's real captures
 
 
 def tokens(mark_id: int, iteration: int, ts_ns: int, text: str) -> dict:
