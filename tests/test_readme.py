@@ -20,7 +20,7 @@ def test_the_engine_list_is_made_from_the_presets_table():
         assert f"**{presets.engine_labels()[preset.engine]}**" in text
 
 
-def test_a_row_added_to_the_table_shows_in_the_list():
+def test_every_row_of_the_table_is_one_line_of_the_list():
     block = presets.markdown()
     assert sum(line.startswith("- `preset=") for line in block.splitlines()) == len(presets.presets())
     assert block.index("**vLLM**") < block.index("`preset=vllm`") < block.index("**SGLang**")
