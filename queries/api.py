@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 MAPPING_VARIABLES = frozenset({"preset", "step_pattern", "domain"})  # what choose_mapping sets
-_CHOOSING = ("_iterations_steps", "mapping_suggest")  # what choose_mapping reads
+_CHOOSING = ("iterations_steps", "mapping_suggest")  # what choose_mapping reads
 
 
 def connect(db: str | Path, *, read_only: bool = True, writable: tuple[Path, ...] = (),
@@ -222,7 +222,7 @@ class QueryDB:
         """
         if "nvtx_ranges" in self.missing or (self.mapping_choice is not None and not self.mapping_choice.ranges):
             return None
-        steps, timed = self.rows("SELECT count(*), count(device_start_ns) FROM _iterations_device")[0]
+        steps, timed = self.rows("SELECT count(*), count(device_start_ns) FROM iterations_device")[0]
         if not steps:
             return ("the mapping matches no step range in nvtx_ranges: check step_pattern and domain "
                     "(`SELECT * FROM mapping` shows them; docs/queries.md lists the parameters)")

@@ -12,20 +12,20 @@
 -- @uses gpu_time, host_activity
 
 -- The parts of each idle span, unordered. One sweep per GPU, in time order, over the starts and ends of
--- the pieces that won each level (_host_activity_level_won) and the starts of the idle spans: between
+-- the pieces that won each level (host_activity_level_won) and the starts of the idle spans: between
 -- two consecutive instants nothing starts or ends, so the idle span in flight, each level's piece in
 -- flight (the latest to start: a level's pieces are disjoint, so its latest start and latest end
 -- belong to one piece) and the winner (NVTX over CUDA over Python) hold throughout. The winner's engine
 -- frame is the one its thread was in at the latest start or end of a piece, as host_activity.sql reads
 -- it for its pieces. The parts are added up by span, thread, cause and engine frame, and what no piece
 -- covers is left to the span's unattributed part.
-CREATE VIEW _gpu_idle_parts AS
+CREATE VIEW gpu_idle_parts_unsorted AS
 WITH
-  idle AS MATERIALIZED (SELECT * FROM _gpu_time_idle),
+  idle AS MATERIALIZED (SELECT * FROM gpu_time_idle_unsorted),
   levels AS MATERIALIZED (
     SELECT g.device_id, l.global_pid, l.start_ns, l.end_ns, l.global_tid, l.cause_id,
            CASE l.level WHEN 'nvtx' THEN 0 WHEN 'cuda' THEN 1 ELSE 2 END::TINYINT AS level
-    FROM _host_activity_level_won AS l JOIN _gpu_time_gpus AS g USING (global_pid)
+    FROM host_activity_level_won AS l JOIN gpu_time_gpus AS g USING (global_pid)
   ),
   -- event 0: a piece starts, 1: a piece ends, 2: an idle span starts; (ts, event, level) is unique per GPU
   events AS (
@@ -60,9 +60,9 @@ WITH
   ),
   engine AS MATERIALIZED (
     SELECT f.global_tid, f.start_ns, f.end_ns, c.cause_id
-    FROM _host_activity_innermost(true) AS f
+    FROM host_activity_innermost(true) AS f
     JOIN nvtx_ranges AS r ON r.range_id = f.frame_id
-    JOIN _host_activity_causes AS c ON c.cause = r.text AND c.cause_kind = 'python'
+    JOIN host_activity_causes AS c ON c.cause = r.text AND c.cause_kind = 'python'
   ),
   pieces AS MATERIALIZED (
     SELECT w.device_id, w.global_pid, w.span_start_ns, w.cut_ns, w.part_ns, l.global_tid, l.cause_id,
@@ -89,7 +89,7 @@ WITH
     SELECT device_id, global_pid, start_ns, sum(dur_ns) AS dur_ns FROM attributed GROUP BY ALL
   ),
   -- each cause's place in (cause_kind, cause) order, so that the parts sort on integers
-  causes AS (SELECT *, row_number() OVER (ORDER BY cause_kind, cause)::INTEGER AS position FROM _host_activity_causes)
+  causes AS (SELECT *, row_number() OVER (ORDER BY cause_kind, cause)::INTEGER AS position FROM host_activity_causes)
 SELECT a.device_id, a.global_pid, a.start_ns, i.end_ns, i.kind, i.iteration, c.cause_kind, c.cause, a.global_tid,
        e.cause AS engine_frame, a.dur_ns, c.position
 FROM attributed AS a
@@ -128,94 +128,5 @@ CREATE VIEW gpu_idle_parts (
   engine_frame
 ) AS
 SELECT device_id, global_pid, start_ns, end_ns, kind, iteration, cause_kind, cause, global_tid, dur_ns, engine_frame
-FROM _gpu_idle_parts
+FROM gpu_idle_parts_unsorted
 ORDER BY device_id, global_pid, start_ns, position, global_tid, engine_frame NULLS FIRST;
-
--- Per GPU and cause, the idle time it took: what the host was doing while each GPU sat idle.
-CREATE VIEW gpu_time_causes (
-  -- CUDA device id.
-  device_id,
-  -- Global id of the process.
-  global_pid,
-  -- gpu_idle_parts.cause_kind.
-  cause_kind,
-  -- gpu_idle_parts.cause.
-  cause,
-  -- Idle time with this cause.
-  idle_ns,
-  -- idle_ns as a share of the GPU's idle time (0 to 1).
-  idle_share,
-  -- Of it, idle time within iterations.
-  within_ns,
-  -- Of it, idle time between iterations.
-  between_ns,
-  -- Of it, idle time outside iterations.
-  outside_ns,
-  -- Idle spans with some time of this cause.
-  spans
-) AS
-WITH
-  causes AS (
-    SELECT device_id, global_pid, cause_kind, cause, sum(dur_ns)::BIGINT AS idle_ns,
-           sum(dur_ns) FILTER (WHERE kind = 'within')::BIGINT AS within_ns,
-           sum(dur_ns) FILTER (WHERE kind = 'between')::BIGINT AS between_ns,
-           sum(dur_ns) FILTER (WHERE kind = 'outside')::BIGINT AS outside_ns,
-           count(*) FILTER (WHERE dur_ns > 0) AS spans
-    FROM _gpu_idle_parts
-    GROUP BY ALL
-  )
-SELECT device_id, global_pid, cause_kind, cause, idle_ns,
-       idle_ns / nullif(sum(idle_ns) OVER (PARTITION BY device_id, global_pid), 0),
-       coalesce(within_ns, 0), coalesce(between_ns, 0), coalesce(outside_ns, 0), spans
-FROM causes
-WHERE idle_ns > 0
-ORDER BY device_id, global_pid, idle_ns DESC, cause_kind, cause;
-
--- One row per GPU and process: busy and idle shares of the window, and the largest idle causes.
-CREATE VIEW gpu_time_summary (
-  -- CUDA device id.
-  device_id,
-  -- Global id of the process.
-  global_pid,
-  -- The capture window (gpu_time.window_ns).
-  window_ns,
-  -- Share of the window the GPU was busy (0 to 1).
-  busy_share,
-  -- Share of the window it sat idle within iterations.
-  idle_within_share,
-  -- Share of the window it sat idle between iterations.
-  idle_between_share,
-  -- Share of the window it sat idle outside iterations.
-  idle_outside_share,
-  -- Kind of the cause that took the most idle time (gpu_time_causes.cause_kind).
-  top_cause_kind,
-  -- That cause.
-  top_cause,
-  -- Its share of the GPU's idle time (0 to 1).
-  top_cause_share,
-  -- The three largest causes, each as 'cause (kind): share of idle time'.
-  top_causes,
-  -- The window the shares divide by (gpu_time.window_source): the profiler's span, or the GPU work's.
-  window_source
-) AS
-WITH
-  ranked AS (
-    SELECT *, row_number() OVER (PARTITION BY device_id, global_pid ORDER BY idle_ns DESC, cause_kind, cause) AS position
-    FROM gpu_time_causes
-  ),
-  tops AS (
-    SELECT device_id, global_pid,
-           any_value(cause_kind) FILTER (WHERE position = 1) AS cause_kind,
-           any_value(cause) FILTER (WHERE position = 1) AS cause,
-           any_value(idle_share) FILTER (WHERE position = 1) AS share,
-           list(cause || ' (' || cause_kind || '): ' || round(100 * idle_share, 1)::VARCHAR || '%' ORDER BY position)
-             FILTER (WHERE position <= 3) AS top_causes
-    FROM ranked
-    GROUP BY ALL
-  )
-SELECT t.device_id, t.global_pid, t.window_ns, t.busy_share,
-       t.idle_within_ns / nullif(t.window_ns, 0), t.idle_between_ns / nullif(t.window_ns, 0),
-       t.idle_outside_ns / nullif(t.window_ns, 0), c.cause_kind, c.cause, c.share, c.top_causes, t.window_source
-FROM gpu_time AS t
-LEFT JOIN tops AS c USING (device_id, global_pid)
-ORDER BY t.device_id, t.global_pid;

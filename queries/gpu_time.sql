@@ -26,7 +26,7 @@
 -- @uses iterations
 
 -- The (device, process) pairs that ran GPU work.
-CREATE VIEW _gpu_time_gpus AS
+CREATE VIEW gpu_time_gpus AS
 SELECT DISTINCT device_id, global_pid FROM gpu_ops;
 
 -- Per GPU, its window and where it comes from; querying it fails with a message when the capture holds
@@ -96,8 +96,8 @@ CREATE VIEW _gpu_time_segments AS
 WITH
   device AS (
     SELECT global_pid, iteration, range_id, device_start_ns AS start_ns, device_end_ns AS end_ns
-    FROM _iterations_device
-    WHERE device_start_ns IS NOT NULL AND global_pid IN (SELECT global_pid FROM _gpu_time_gpus)
+    FROM iterations_device
+    WHERE device_start_ns IS NOT NULL AND global_pid IN (SELECT global_pid FROM gpu_time_gpus)
   ),
   ordered AS (
     SELECT
@@ -136,7 +136,7 @@ FROM segments
 WHERE end_ns > start_ns;
 
 -- Idle spans, unordered: each gap cut where the segments of its process change.
-CREATE VIEW _gpu_time_idle AS
+CREATE VIEW gpu_time_idle_unsorted AS
 WITH
   segments AS MATERIALIZED (SELECT * FROM _gpu_time_segments),
   gaps AS MATERIALIZED (SELECT * FROM _gpu_time_gaps)
@@ -168,7 +168,7 @@ CREATE VIEW gpu_time_idle (
   iteration
 ) AS
 SELECT device_id, global_pid, start_ns, end_ns, end_ns - start_ns, kind, iteration
-FROM _gpu_time_idle
+FROM gpu_time_idle_unsorted
 ORDER BY device_id, global_pid, start_ns;
 
 -- Per GPU and process using it: the window split into busy and idle, and the idle by kind.
@@ -217,11 +217,11 @@ WITH
            sum(end_ns - start_ns) FILTER (WHERE kind = 'within')::BIGINT AS within_ns,
            sum(end_ns - start_ns) FILTER (WHERE kind = 'between')::BIGINT AS between_ns,
            sum(end_ns - start_ns) FILTER (WHERE kind = 'outside')::BIGINT AS outside_ns
-    FROM _gpu_time_idle
+    FROM gpu_time_idle_unsorted
     GROUP BY ALL
   ),
   its AS (
-    SELECT global_pid, count(*) AS iterations FROM _iterations_device WHERE device_start_ns IS NOT NULL GROUP BY ALL
+    SELECT global_pid, count(*) AS iterations FROM iterations_device WHERE device_start_ns IS NOT NULL GROUP BY ALL
   )
 SELECT
   w.device_id,

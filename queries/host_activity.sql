@@ -63,7 +63,7 @@ CREATE MACRO host_activity_engine_frame_pattern() AS mapping_preset_frame_phases
 -- opens and closes (at one instant, closes first, the inner before the outer; opens outer first); its
 -- depth is how many frames are open before it opens, and its parent the frame of one depth less that
 -- opened last before it. After an open the frame opened is innermost, after a close its parent.
-CREATE MACRO _host_activity_innermost(engine_only) AS TABLE
+CREATE MACRO host_activity_innermost(engine_only) AS TABLE
 WITH
   frames AS (
     SELECT range_id, global_pid, global_tid, start_ns, end_ns
@@ -111,7 +111,7 @@ END;
 -- The causes an interval can stand for, each with an id: the phases (ids 1, 2, ... as host_gaps
 -- ranks them), after them the CUDA and HIP API functions, each classed once by its name, and after
 -- them the Python frames of the processes with GPU work (cause_kind python, the frame's text).
-CREATE VIEW _host_activity_causes AS
+CREATE VIEW host_activity_causes AS
 WITH
   phases AS (SELECT DISTINCT phase_rank AS cause_id, 'nvtx' AS cause_kind, phase AS cause FROM host_gaps_phase_names),
   names AS (SELECT unnest(list(DISTINCT name ORDER BY name)) AS name FROM cuda_api),
@@ -167,7 +167,7 @@ WITH
            max(a.end_ns) OVER (PARTITION BY a.global_tid ORDER BY a.start_ns, a.end_ns DESC, a.api_id
                                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS covered_until_ns
     FROM cuda_api AS a
-    JOIN _host_activity_causes AS c ON c.cause = a.name AND c.cause_kind <> 'nvtx'
+    JOIN host_activity_causes AS c ON c.cause = a.name AND c.cause_kind <> 'nvtx'
     WHERE a.end_ns > a.start_ns AND a.global_tid IN (SELECT global_tid FROM ranks WHERE level = 'cuda')
   ),
   clipped AS (
@@ -178,9 +178,9 @@ WITH
   ),
   frames AS (
     SELECT f.global_pid, f.global_tid, f.start_ns, f.end_ns, c.cause_id
-    FROM _host_activity_innermost(false) AS f
+    FROM host_activity_innermost(false) AS f
     JOIN nvtx_ranges AS r ON r.range_id = f.frame_id
-    JOIN _host_activity_causes AS c ON c.cause = r.text AND c.cause_kind = 'python'
+    JOIN host_activity_causes AS c ON c.cause = r.text AND c.cause_kind = 'python'
     WHERE f.global_tid IN (SELECT global_tid FROM ranks WHERE level = 'python')
   ),
   both_kinds AS (
@@ -200,7 +200,7 @@ JOIN ranks AS k ON k.global_tid = b.global_tid AND k.level = b.level;
 -- its start and at its end; the running XOR of those toggles, in time order, is the set of ranks in
 -- flight between two consecutive instants (a rank's intervals are disjoint), and its first set bit the
 -- winner. The winning interval is then the latest of that rank to start at or before the piece.
-CREATE VIEW _host_activity_level_won AS
+CREATE VIEW host_activity_level_won AS
 WITH
   intervals AS MATERIALIZED (SELECT * FROM _host_activity_intervals),
   shared AS (SELECT * FROM intervals WHERE threads > 1),
@@ -230,7 +230,7 @@ ASOF JOIN shared AS i ON i.global_pid = w.global_pid AND i.level = w.level AND i
 -- before the cut, if it still runs).
 CREATE VIEW _host_activity_won AS
 WITH
-  levels AS MATERIALIZED (SELECT * FROM _host_activity_level_won),
+  levels AS MATERIALIZED (SELECT * FROM host_activity_level_won),
   nvtx AS (SELECT * FROM levels WHERE level = 'nvtx'),
   cuda AS (SELECT * FROM levels WHERE level = 'cuda'),
   python AS (SELECT * FROM levels WHERE level = 'python'),
@@ -253,9 +253,9 @@ WITH
   ),
   engine AS (
     SELECT f.global_tid, f.start_ns, f.end_ns, c.cause_id
-    FROM _host_activity_innermost(true) AS f
+    FROM host_activity_innermost(true) AS f
     JOIN nvtx_ranges AS r ON r.range_id = f.frame_id
-    JOIN _host_activity_causes AS c ON c.cause = r.text AND c.cause_kind = 'python'
+    JOIN host_activity_causes AS c ON c.cause = r.text AND c.cause_kind = 'python'
   )
 SELECT w.global_pid, w.start_ns, w.end_ns, w.global_tid, w.cause_id,
        CASE WHEN e.end_ns > w.start_ns THEN e.cause_id END AS engine_frame_id
@@ -289,7 +289,7 @@ WITH
 SELECT p.global_pid, p.start_ns, p.end_ns, w.global_tid, c.cause_kind, c.cause, e.cause
 FROM cuts AS p
 ASOF JOIN _host_activity_won AS w ON w.global_pid = p.global_pid AND w.start_ns <= p.start_ns
-JOIN _host_activity_causes AS c ON c.cause_id = w.cause_id
-LEFT JOIN _host_activity_causes AS e ON e.cause_id = w.engine_frame_id
+JOIN host_activity_causes AS c ON c.cause_id = w.cause_id
+LEFT JOIN host_activity_causes AS e ON e.cause_id = w.engine_frame_id
 WHERE p.end_ns IS NOT NULL AND w.end_ns > p.start_ns
 ORDER BY p.global_pid, p.start_ns;

@@ -42,7 +42,7 @@ CREATE VIEW _host_gaps_bounds AS
 WITH
   device AS (
     SELECT global_tid, global_pid, iteration, device_start_ns, device_end_ns
-    FROM _iterations_device
+    FROM iterations_device
     WHERE device_start_ns IS NOT NULL
   ),
   ordered AS (
@@ -193,7 +193,7 @@ WITH
     JOIN host_gaps_phase_names AS n ON n.text = r.text
     WHERE r.range_kind <> 'start_end' AND (r.range_kind <> 'python_frame' OR mapping_phase_pattern() <> '')
       AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
-      AND r.global_tid IN (SELECT global_tid FROM _iterations_device WHERE device_start_ns IS NOT NULL)
+      AND r.global_tid IN (SELECT global_tid FROM iterations_device WHERE device_start_ns IS NOT NULL)
   )
 SELECT global_tid, start_ns, end_ns, phase_rank
 FROM phases

@@ -11,7 +11,7 @@
 -- matches a range inside a matching range of its thread (a stack frame around another, such as
 -- vLLM's Worker.execute_model around GPUModelRunner.execute_model), so each iteration is one range.
 -- Start/end ranges, which may overlap (this engine's overlap mode), are all steps.
-CREATE VIEW _iterations_steps AS
+CREATE VIEW iterations_steps AS
 WITH
   matched AS (
     SELECT
@@ -65,7 +65,7 @@ WHERE mapping_device_pattern() IS NOT NULL
 CREATE VIEW _iterations_numbered AS
 SELECT s.range_id, d.range_id AS device_range_id, d.start_ns, d.end_ns
 FROM _iterations_device_pattern AS d
-JOIN _iterations_steps AS s
+JOIN iterations_steps AS s
   ON s.global_pid = d.global_pid AND s.iteration = d.iteration
  AND s.start_ns <= d.start_ns AND d.end_ns <= coalesce(s.end_ns, 9223372036854775807);
 
@@ -77,7 +77,7 @@ WITH
   enclosed AS (
     SELECT s.range_id, d.start_ns, d.end_ns
     FROM (SELECT * FROM _iterations_device_pattern WHERE iteration IS NULL) AS d
-    ASOF JOIN _iterations_steps AS s ON s.global_tid = d.global_tid AND s.start_ns <= d.start_ns
+    ASOF JOIN iterations_steps AS s ON s.global_tid = d.global_tid AND s.start_ns <= d.start_ns
     WHERE d.end_ns <= coalesce(s.end_ns, 9223372036854775807)
   )
 SELECT range_id, min(start_ns) AS start_ns, max(end_ns) AS end_ns
@@ -106,14 +106,14 @@ WITH
   )
 SELECT s.range_id, min(l.start_ns) AS start_ns
 FROM launches AS l
-ASOF JOIN _iterations_steps AS s ON s.global_tid = l.global_tid AND s.start_ns <= l.start_ns
+ASOF JOIN iterations_steps AS s ON s.global_tid = l.global_tid AND s.start_ns <= l.start_ns
 WHERE l.end_ns <= coalesce(s.end_ns, 9223372036854775807)
 GROUP BY s.range_id;
 
 -- Per step, its device interval: the GPU projection of the work its numbered device ranges launched,
 -- else of the work launched inside it, else the span of its device-pattern ranges. host_gaps reads
 -- only this (not the launch columns of `iterations`).
-CREATE VIEW _iterations_device AS
+CREATE VIEW iterations_device AS
 SELECT
   s.range_id,
   s.iteration,
@@ -127,7 +127,7 @@ SELECT
     AS device_source,
   coalesce(n.gpu_op_count, g.gpu_op_count, 0) AS gpu_op_count,
   coalesce(n.gpu_start_ns, g.gpu_start_ns) AS gpu_start_ns
-FROM _iterations_steps AS s
+FROM iterations_steps AS s
 LEFT JOIN _iterations_numbered_gpu AS n ON n.range_id = s.range_id
 LEFT JOIN nvtx_gpu_projection AS g ON g.range_id = s.range_id
 LEFT JOIN _iterations_device_ranges AS d ON d.range_id = s.range_id;
@@ -178,6 +178,6 @@ SELECT
   s.gpu_op_count,
   f.start_ns,
   s.gpu_start_ns - f.start_ns
-FROM _iterations_device AS s
+FROM iterations_device AS s
 LEFT JOIN _iterations_first_launch AS f ON f.range_id = s.range_id
 ORDER BY s.global_tid, s.start_ns, s.range_id;

@@ -203,7 +203,7 @@ WITH
   admits AS (
     SELECT m.int64_value AS request_id, min(s.start_ns) AS start_ns
     FROM nvtx_marks AS m
-    ASOF JOIN _iterations_steps AS s ON s.global_tid = m.global_tid AND s.start_ns <= m.ts_ns
+    ASOF JOIN iterations_steps AS s ON s.global_tid = m.global_tid AND s.start_ns <= m.ts_ns
     WHERE m.domain_name = 'itertrace' AND m.text = 'admit'
     GROUP BY m.int64_value
   ),

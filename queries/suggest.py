@@ -81,7 +81,7 @@ def _choose(con: duckdb.DuckDBPyConnection, chosen: dict[str, str], asked: str) 
         con.execute(f'SET VARIABLE "{name}" = ?', [value])
     ranges, name = con.execute("""
         SELECT count(*), mode(regexp_replace(r.text, '[0-9]+', '#', 'g'))
-        FROM _iterations_steps AS s JOIN nvtx_ranges AS r USING (range_id)""").fetchall()[0]
+        FROM iterations_steps AS s JOIN nvtx_ranges AS r USING (range_id)""").fetchall()[0]
     return MappingChoice(chosen["preset"], chosen, ranges if chosen["preset"] != AUTO else 0, name, asked=asked)
 
 

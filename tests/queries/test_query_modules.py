@@ -32,6 +32,20 @@ def test_each_module_declares_the_modules_its_definitions_read():
         assert set(mod.uses) == read, mod.name
 
 
+def test_no_module_reads_another_modules_private_helper():
+    defs = definitions()
+    crossed = sorted(f"{d.module} reads {r} of {defs[r].module}" for mod in modules() for d in mod.definitions
+                     for r in d.reads if r in defs and r.startswith("_") and defs[r].module != d.module)
+    assert crossed == []
+
+
+def test_each_definition_is_named_after_its_module():
+    # a module of a plural name may name its parts in the singular (mapping_presets: mapping_preset_domain)
+    misnamed = sorted(f"{d.module}: {d.name}" for mod in modules() for d in mod.definitions
+                      if not d.name.lstrip("_").startswith((d.module, d.module.removesuffix("s") + "_")))
+    assert misnamed == []
+
+
 @pytest.mark.parametrize("name", [m.name for m in modules()])
 def test_a_module_binds_with_only_the_modules_it_declares(name):
     con = duckdb.connect()

@@ -66,7 +66,7 @@ def test_the_rocm_traces_calls_fall_in_their_classes(serving_dbs):
     seen: dict[str, set[str]] = {}
     for db in serving_dbs.values():
         with QueryDB(db) as q:
-            for kind, cause in q.con.execute("SELECT cause_kind, cause FROM _host_activity_causes "
+            for kind, cause in q.con.execute("SELECT cause_kind, cause FROM host_activity_causes "
                                              "WHERE cause_kind <> 'nvtx'").fetchall():
                 seen.setdefault(kind, set()).add(cause)
     assert {"hipMemcpyWithStream", "hipEventSynchronize"} <= seen["cuda_sync"]
