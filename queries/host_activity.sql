@@ -156,6 +156,7 @@ WITH
     WHERE r.range_kind <> 'start_end' AND (r.range_kind <> 'python_frame' OR mapping_phase_pattern() <> '')
       AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
       AND r.global_tid IN (SELECT global_tid FROM ranks WHERE level = 'nvtx')
+      AND (r.end_ns IS NULL OR r.end_ns > r.start_ns)  -- a range of no length holds nothing and takes no time
   ),
   leaves AS (
     SELECT global_pid, global_tid, start_ns, end_ns, cause_id

@@ -194,6 +194,7 @@ WITH
     WHERE r.range_kind <> 'start_end' AND (r.range_kind <> 'python_frame' OR mapping_phase_pattern() <> '')
       AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
       AND r.global_tid IN (SELECT global_tid FROM iterations_device WHERE device_start_ns IS NOT NULL)
+      AND (r.end_ns IS NULL OR r.end_ns > r.start_ns)  -- a range of no length holds nothing and takes no time
   )
 SELECT global_tid, start_ns, end_ns, phase_rank
 FROM phases

@@ -321,6 +321,21 @@ def test_phase_whose_inner_phase_starts_after_the_gap_is_no_leaf(trace):
     ]
 
 
+def test_a_phase_of_no_length_holds_nothing(trace):
+    # A sample range of no length at the very start of step 2's forward (a phase that took under the
+    # clock's tick): forward stays a leaf, and the gap's parts are those without it.
+    tables = {**GPU_THREE_STEPS, "nvtx_ranges": GPU_THREE_STEPS["nvtx_ranges"] + [
+        phase(12, "sample", 220, 220, 11, depth=2)]}
+    trace.load(tables)
+    assert trace.query("host_gaps_parts") == [
+        (TID_A, 1, "unattributed", 0),
+        (TID_A, 2, "forward", 60),  # 120..150 of step 1's forward, 220..250 of step 2's
+        (TID_A, 2, "sample", 40),
+        (TID_A, 2, "schedule", 20),
+        (TID_A, 2, "unattributed", 10),
+    ]
+
+
 def test_phase_names_in_other_domains_take_no_part(trace):
     # A library's range named like a phase: inside step 1's schedule it leaves schedule a leaf, and
     # between the steps it covers nothing.
