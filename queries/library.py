@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from pathlib import Path
 
 import duckdb
 
@@ -22,6 +23,10 @@ _CREATE = re.compile(r"^CREATE (MACRO|VIEW) ", re.IGNORECASE | re.MULTILINE)
 _WORD = re.compile(r"\w+")
 _MISSING = re.compile(r"^Catalog Error: (?:Table|Scalar Function|Table Function|Macro Function) with name (\w+) "
                       r"does not exist")
+
+# The capture a run's log stands for, where a database holds the run and no capture (see the file).
+RUN_LOG_CAPTURE = Path(__file__).parent / "sources" / "run_log.sql"
+RUN_LOG_TABLES = {"nvtx_ranges", "nvtx_marks", "gpu_ops", "cuda_api", "nvtx_gpu_projection"}
 
 # Why a database holds none of SOURCE_TABLES, for the commands that refuse it.
 NOT_INGESTED = ("no table of `itertrace ingest` in this database (a capture gives nvtx_ranges, a run directory "
@@ -50,6 +55,12 @@ def source_tables(con: duckdb.DuckDBPyConnection, *, persist: bool = False) -> d
     missing = {t: SOURCE_TABLES[t] for t in SOURCE_TABLES if t not in present}
     if persist and len(missing) == len(SOURCE_TABLES):  # not an itertrace database: write nothing into it
         raise UserError(f"{NOT_INGESTED}; nothing to install")
+    if "nvtx_ranges" not in present and "run_iterations" in present:  # a run without a capture: rebuild it
+        for statement in RUN_LOG_CAPTURE.read_text().split(";\n\n"):
+            if statement.strip():
+                con.execute(statement.replace("{temp}", "" if persist else "TEMP"))
+        missing = {t: why for t, why in missing.items() if t not in RUN_LOG_TABLES}
+        present |= RUN_LOG_TABLES
     if "nvtx_ranges" in present:  # a capture ingested before these tables existed
         for table, columns in OPTIONAL_TABLES.items():
             if table in missing:

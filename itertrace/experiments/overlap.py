@@ -4,7 +4,7 @@ Each round runs the workload once without and once with overlap (the order swapp
 that a drift in the machine's load falls on both alike). A torch run is profiled with nsys where it
 is installed and its figures come from the capture through the query library (host_gaps,
 request_latency_trace, what_if_overlap); a simulated run, or a torch run without nsys, gives them
-from its run logs (overlap_figures.py), by the same definitions. The run without overlap also gives
+from its run logs, through the same queries over the capture its log stands for. The run without overlap also gives
 the what-if prediction of the run with it, which stands beside the measured one.
 """
 from __future__ import annotations

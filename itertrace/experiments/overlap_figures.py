@@ -1,4 +1,4 @@
-"""The overlap experiment's figures for one run, from its nsys capture or from its run logs, by one set of definitions.
+"""The overlap experiment's figures for one run, from its nsys capture or from its run logs, by the same queries.
 
 - wall: from the first step's start to the last step's end (steps with a forward pass);
 - host gaps: from the latest forward-pass end so far to the next forward pass's start, 0 where they
@@ -8,8 +8,8 @@
   tokens, (last - first) / (tokens - 1); percentiles linear (session.percentile);
 - the prediction (a run without overlap): what_if_overlap.sql's model with `hide` the phases overlap
   mode takes off the critical path (overlap.hidden_phases).
-  From a capture the query computes it; from run logs `predict_from_log` does, on the logged phase
-  durations (the same model, step for step: see the query's header for why each term is what it is).
+  From run logs alone, the queries read the capture the log stands for: its steps, its phases end to end
+  (as the engine times them) and its forward passes (queries/sources/run_log.sql).
 """
 from __future__ import annotations
 
@@ -21,8 +21,6 @@ import pyarrow.parquet as pq
 
 from itertrace.errors import UserError
 from itertrace.profiler.session import percentile
-
-_TOKEN_KINDS = ("first_token", "token")
 
 
 def from_capture(db: Path, run_dir: Path, hide: tuple[str, ...] | None) -> dict:
@@ -53,74 +51,13 @@ def _column(q, sql: str) -> list[float]:
 
 
 def from_run_dir(run_dir: Path, hide: tuple[str, ...] | None) -> dict:
-    """A run's figures from its run logs (iterations.parquet and events.parquet), as from_capture gives them."""
-    rows = pq.read_table(run_dir / "iterations.parquet").to_pylist()
-    rows.sort(key=lambda r: (r["start_ns"], r["iteration"]))
-    busy = [r for r in rows if r["device_start_ns"] is not None]
-    if not busy:
-        raise UserError(f"{run_dir}: no iteration ran a forward pass")
-    events = pq.read_table(run_dir / "events.parquet", columns=["request_id", "iteration", "kind"]).to_pylist()
-    token_its: dict[int, list[int]] = {}
-    for e in events:
-        if e["kind"] in _TOKEN_KINDS:
-            token_its.setdefault(e["request_id"], []).append(e["iteration"])
-    ends = {r["iteration"]: r["end_ns"] for r in busy}
-    wall = max(ends.values()) - busy[0]["start_ns"]
-    tokens = sum(len(its) for its in token_its.values())
-    device = sum(r["device_end_ns"] - r["device_start_ns"] for r in busy)
-    figures = _figures(host_gaps(busy), wall, tokens, _tpots(token_its, ends), device, len(busy))
-    if hide is not None:
-        predicted_ends = predict_from_log(rows, hide)
-        predicted_wall = max(predicted_ends.values()) - busy[0]["start_ns"]
-        figures["predicted"] = _prediction(tokens, wall, predicted_wall, _tpots(token_its, predicted_ends))
-    return {**figures, **_outputs(run_dir)}
+    """A run's figures from its run logs alone, as from_capture gives them: the same queries, over the capture
+    its log stands for (queries/sources/run_log.sql), in a database beside the run directory."""
+    from itertrace.ingest.api import ingest
 
-
-def host_gaps(busy: list[dict]) -> list[int]:
-    """Per forward pass after the first (in start order): the time since the latest end before it, 0 if none."""
-    order = sorted(busy, key=lambda r: (r["device_start_ns"], r["iteration"]))
-    gaps, reach = [], order[0]["device_end_ns"]
-    for r in order[1:]:
-        gaps.append(max(0, r["device_start_ns"] - reach))
-        reach = max(reach, r["device_end_ns"])
-    return gaps
-
-
-def predict_from_log(rows: list[dict], hide: tuple[str, ...]) -> dict[int, int]:
-    """Each iteration's predicted end, by what_if_overlap.sql's model, from a run log's rows in start order.
-
-    predicted(N) = max(device(N), hidden(N+1)) + exposed(N); a run of iterations starts at the first
-    one and after a step without a forward pass, its first iteration exposing all of its host time,
-    its start kept as measured. The log's phase durations stand for the trace's phase ranges."""
-    periods, prev = [], None  # prev: the step before, None after a step without a forward pass
-    for r in rows:
-        if r["device_start_ns"] is None:
-            prev = None
-            continue
-        first = prev is None
-        start = r["start_ns"] if first else prev["end_ns"]
-        device = max(0, min(r["device_end_ns"], r["end_ns"]) - max(r["device_start_ns"], start))
-        hidden = sum(r[f"{p}_ns"] or 0 for p in hide)
-        periods.append({"it": r["iteration"], "first": first, "start": start, "device": device, "hidden": hidden,
-                        "exposed": r["end_ns"] - start - device - (0 if first else hidden)})
-        prev = r
-    ends, at = {}, 0
-    for i, p in enumerate(periods):
-        nxt = periods[i + 1] if i + 1 < len(periods) else None
-        hidden_next = nxt["hidden"] if nxt is not None and not nxt["first"] else 0
-        at = (p["start"] if p["first"] else at) + max(p["device"], hidden_next) + p["exposed"]
-        ends[p["it"]] = at
-    return ends
-
-
-def _tpots(token_its: dict[int, list[int]], ends: dict[int, int]) -> list[float]:
-    """Per request with 2 tokens or more: (last token's step end - first's) / (tokens - 1)."""
-    out = []
-    for its in token_its.values():
-        if len(its) > 1:
-            times = [ends[i] for i in its]
-            out.append((max(times) - min(times)) / (len(its) - 1))
-    return out
+    db = run_dir.with_name(run_dir.name + ".duckdb")
+    ingest([run_dir], db)
+    return from_capture(db, run_dir, hide)
 
 
 def _figures(gaps: list[int], wall_ns: int, tokens: int, tpot_ns: list[float], device_ns: int,

@@ -7,15 +7,16 @@ import io
 import json
 from pathlib import Path
 
+import duckdb
 import pyarrow.parquet as pq
 import pytest
-from query_fixtures import TID_A, TraceDB, make_db, mark, push_pop
+from query_fixtures import TID_A, TraceDB, create_statements, insert, make_db, mark, push_pop
 
 from itertrace.cli import main
 from live_run import ITERTRACE, MEDIAN_BOUND_NS, RUN, needs_nsys
 from itertrace.dashboards import build_report
 from itertrace.experiments.overlap import HIDDEN, SIM_HOST_NS, likely_cause, split
-from itertrace.experiments.overlap_figures import from_capture, from_run_dir, host_gaps, predict_from_log
+from itertrace.experiments.overlap_figures import from_capture, from_run_dir
 
 TOKENS = 7 * 32 + 512 + 8 * 32  # the worked example's 16 requests
 ITERATIONS = 512  # the long request's 512 tokens, one a decode iteration, the others beside it
@@ -160,15 +161,33 @@ def test_repeat_is_refused_elsewhere_and_below_one(capsys):
 
 
 # Steps as (iteration, start, end, forward pass or None, schedule, prepare): schedule from the step's start,
-# prepare after it, then the forward pass. The third step waits for an arrival: no forward pass.
+# prepare after it, then the forward pass, end to end as the engine runs them without overlap. The third
+# step waits for an arrival: no forward pass.
 STEPS = [(0, 0, 100, (20, 70), 10, 10), (1, 105, 200, (125, 175), 10, 10), (2, 200, 210, None, 5, 0),
-         (3, 215, 300, (260, 280), 30, 15), (4, 300, 390, (330, 380), 10, 10)]
+         (3, 215, 300, (260, 280), 30, 15), (4, 300, 390, (320, 370), 10, 10)]
 
 
 def as_log(steps) -> list[dict]:
-    return [{"iteration": it, "start_ns": a, "end_ns": b, "schedule_ns": sch, "prepare_ns": prep, "detokenize_ns": 0,
-             "postprocess_ns": 0, "device_start_ns": dev and dev[0], "device_end_ns": dev and dev[1]}
-            for it, a, b, dev, sch, prep in steps]
+    """The run log of `steps`: phases end to end from the step's start, as the engine times them."""
+    rows = []
+    for it, a, b, dev, sch, prep in steps:
+        forward = dev[1] - dev[0] if dev else 0
+        rows.append({"iteration": it, "start_ns": a, "end_ns": b, "dur_ns": b - a, "schedule_ns": sch,
+                     "prepare_ns": prep, "forward_ns": forward, "sample_ns": b - a - sch - prep - forward,
+                     "detokenize_ns": 0, "postprocess_ns": 0,
+                     "device_start_ns": dev and dev[0], "device_end_ns": dev and dev[1]})
+    return rows
+
+
+def log_db(path: Path, iterations: list[dict]) -> Path:
+    """A database of a run directory alone (the run tables, no capture) holding `iterations`."""
+    con = duckdb.connect(str(path))
+    for statement in create_statements():
+        if statement.split()[2].startswith("run_"):
+            con.execute(statement)
+    insert(con, {"run_iterations": iterations, "run_meta": [{"config_json": json.dumps({"overlap": False})}]})
+    con.close()
+    return path
 
 
 def as_trace(steps) -> list[dict]:
@@ -185,15 +204,22 @@ def as_trace(steps) -> list[dict]:
 
 
 @pytest.mark.parametrize("hide", ["schedule,prepare", "prepare", ""])
-def test_the_log_side_prediction_is_the_querys(hide):
-    """predict_from_log on a run log against what_if_overlap on a trace of the same steps: the same ends,
-    through a step without a forward pass (a new run of iterations starts after it)."""
+def test_a_run_log_alone_gives_the_traces_gaps_and_prediction(hide, tmp_path):
+    """host_gaps and what_if_overlap over a run log alone (the capture it stands for) against a trace of the same
+    steps: the same gaps and predicted ends, through a step without a forward pass (a new run of iterations
+    starts after it)."""
+    from itertrace.queries import QueryDB
+
+    query = "SELECT iteration, predicted_end_ns FROM what_if_overlap"
     with TraceDB() as trace:
         trace.load({"nvtx_ranges": as_trace(STEPS)})
-        sql = {row[0]: row[1] for row in trace.sql("SELECT iteration, predicted_end_ns FROM what_if_overlap",
-                                                      {"hide": hide})}
-    logged = predict_from_log(as_log(STEPS), tuple(p for p in hide.split(",") if p))
-    assert logged == sql and set(logged) == {0, 1, 3, 4}
+        traced = {row[0]: row[1] for row in trace.sql(query, {"hide": hide})}
+        traced_gaps = trace.sql("SELECT iteration, gap_ns FROM host_gaps")
+    with QueryDB(log_db(tmp_path / "log.duckdb", as_log(STEPS)), params={"hide": hide}) as q:
+        logged = {row[0]: row[1] for row in q.rows(query)}
+        logged_gaps = sorted(q.rows("SELECT iteration, gap_ns FROM host_gaps"))
+    assert logged == traced and set(logged) == {0, 1, 3, 4}
+    assert logged_gaps == sorted(traced_gaps) == [(1, 55), (3, 85), (4, 40)]
     if hide == "schedule,prepare":
         # by hand: 0 exposes its 50 of host time, 1's 20 hide behind its forward (50): 100; 1 has nothing
         # behind it (3 starts a run): 50 + 30 exposed; 3 starts at 215, all 65 of host time exposed, 4's 20
@@ -258,15 +284,15 @@ def test_the_capture_and_the_run_log_agree(overlap, tmp_path):
     assert traced["wall_s"] == pytest.approx(logged["wall_s"], rel=0.05)
     assert traced["forward_passes"] == logged["forward_passes"] > 0
     assert traced["device_s"] == pytest.approx(logged["device_s"], rel=0.05)
-    rows = sorted(pq.read_table(done.run_dir / "iterations.parquet").to_pylist(), key=lambda r: r["start_ns"])
     with QueryDB(done.db, params={"hide": ",".join(HIDDEN)}) as q:
-        gaps = {r["iteration"]: r["gap_ns"] for r in q.sql("SELECT iteration, gap_ns FROM host_gaps").to_pylist()}
-        ends = {r["iteration"]: r["predicted_end_ns"]
-                for r in q.sql("SELECT iteration, predicted_end_ns FROM what_if_overlap").to_pylist()}
-    busy = sorted((r for r in rows if r["device_start_ns"] is not None), key=lambda r: r["device_start_ns"])
-    assert within_nvtx_overhead([gaps[r["iteration"]] for r in busy[1:]], host_gaps(busy))
+        gaps = dict(q.rows("SELECT iteration, gap_ns FROM host_gaps"))
+        ends = dict(q.rows("SELECT iteration, predicted_end_ns FROM what_if_overlap"))
+    with QueryDB(done.run_dir.with_name("run.duckdb"), params={"hide": ",".join(HIDDEN)}) as q:  # from_run_dir's
+        logged_gaps = dict(q.rows("SELECT iteration, gap_ns FROM host_gaps"))
+        logged_ends = dict(q.rows("SELECT iteration, predicted_end_ns FROM what_if_overlap")) if not overlap else {}
+    assert sorted(gaps) == sorted(logged_gaps)
+    assert within_nvtx_overhead([gaps[i] for i in sorted(gaps)], [logged_gaps[i] for i in sorted(gaps)])
     if not overlap:
-        logged_ends = predict_from_log(rows, HIDDEN)
         its = sorted(logged_ends)
         assert sorted(ends) == its
         steps = lambda e: [e[b] - e[a] for a, b in zip(its, its[1:])]  # noqa: E731  clocks differ: durations
