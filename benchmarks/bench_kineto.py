@@ -174,10 +174,16 @@ def main(argv: list[str] | None = None) -> dict:
     for query in ("gpu_time_summary", "iterations", "mapping suggest"):
         ratios[f"{query}: frames / no frames"] = _ratio(medians[f"{query}, frames"], medians[f"{query}, no frames"])
     if args.hta_python:
-        ratios["first answer: HTA / itertrace"] = _ratio(medians["HTA load + temporal breakdown"],
-                                                         medians["ingest + gpu_time_summary"])
+        hta = medians["HTA load + temporal breakdown"]
+        ratios["first answer: HTA / itertrace"] = _ratio(hta, medians["ingest + gpu_time_summary"])
+        # the most the ratio can be with an ingest that took no time: what the query alone leaves
+        ratios["ceiling: HTA / gpu_time_summary alone"] = _ratio(hta, medians["gpu_time_summary, frames"])
     for name, (wall, cpu) in ratios.items():
         print(f"{name:42} {wall:5.2f}x wall {cpu:5.2f}x CPU")
+    if args.hta_python:
+        budget = hta[0] / 3 - medians["gpu_time_summary, frames"][0]
+        print(f"at 3x, the ingest may take {budget:.2f} s wall (HTA / 3 less gpu_time_summary); "
+              f"it took {medians['ingest, frames'][0]:.2f} s")
     report = {"load_average": loadavg, "steps": args.steps, "results": results, "ratios": ratios}
     if args.floor:
         report["floor"] = _floor(args.out, args.rounds)

@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-
-import pyarrow as pa
-import pyarrow.ipc as ipc
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING
 
 from itertrace.errors import UserError, not_a_file
 from itertrace.ingest.checks import check_arrow_export, check_table, table_name
+
+if TYPE_CHECKING:  # pyarrow is imported where a table is read: a Kineto ingest never imports it
+    import pyarrow as pa
 
 TABLE_SUFFIXES = (".arrow", ".parquet")
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # end-of-stream marker closing every IPC stream
@@ -37,6 +37,9 @@ class TableStream:
 
 def arrow_export_tables(path: Path) -> list[TableStream]:
     """The tables of one `.arrow` file of concatenated IPC streams."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
     size = _nonempty_size(path)
     _check_stream_end(path, size)
     tables: list[TableStream] = []
@@ -78,6 +81,9 @@ def table_files(folder: Path) -> list[Path]:
 
 def _stream_reader(path: Path, offset: int) -> Callable[[int], Iterator[pa.RecordBatch]]:
     def read(batch_rows: int) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        import pyarrow.ipc as ipc
+
         with pa.memory_map(str(path)) as source:
             source.seek(offset)
             for batch in ipc.open_stream(source):
@@ -88,6 +94,9 @@ def _stream_reader(path: Path, offset: int) -> Callable[[int], Iterator[pa.Recor
 
 def _stream_table(path: Path, offset: int) -> Callable[[], pa.Table]:
     def whole() -> pa.Table:
+        import pyarrow as pa
+        import pyarrow.ipc as ipc
+
         source = pa.memory_map(str(path))  # kept open by the table's buffers, which point into it
         source.seek(offset)
         return ipc.open_stream(source).read_all()
@@ -96,6 +105,9 @@ def _stream_table(path: Path, offset: int) -> Callable[[], pa.Table]:
 
 
 def _arrow_file_table(file: Path) -> TableStream:
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
     size = _nonempty_size(file)
     with open(file, "rb") as raw:
         is_file_format = raw.read(len(_FILE_MAGIC)) == _FILE_MAGIC
@@ -120,6 +132,9 @@ def _arrow_file_table(file: Path) -> TableStream:
 
 def _file_format_reader(file: Path) -> Callable[[int], Iterator[pa.RecordBatch]]:
     def read(batch_rows: int) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        import pyarrow.ipc as ipc
+
         with pa.memory_map(str(file)) as source:
             reader = ipc.open_file(source)
             for i in range(reader.num_record_batches):
@@ -130,6 +145,9 @@ def _file_format_reader(file: Path) -> Callable[[int], Iterator[pa.RecordBatch]]
 
 def _file_format_table(file: Path) -> Callable[[], pa.Table]:
     def whole() -> pa.Table:
+        import pyarrow as pa
+        import pyarrow.ipc as ipc
+
         return ipc.open_file(pa.memory_map(str(file))).read_all()
 
     return whole
@@ -141,6 +159,9 @@ def parquet_table(file: Path) -> TableStream:
 
 
 def _parquet_table(file: Path) -> TableStream:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     _nonempty_size(file)
     try:
         meta = pq.ParquetFile(file)

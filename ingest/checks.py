@@ -25,10 +25,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import duckdb
-import pyarrow as pa
 
 from itertrace.errors import UserError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 INT, TEXT, NUMBER = "an integer", "text", "a number"
 _GPU = {"start": INT, "end": INT, "deviceId": INT, "contextId": INT, "streamId": INT, "correlationId": INT,

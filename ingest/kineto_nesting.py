@@ -15,14 +15,9 @@ from __future__ import annotations
 
 import duckdb
 import numpy as np
-import pyarrow as pa
-
-from itertrace.ingest.nesting import insert
-from itertrace.ingest.scan import from_numpy
 
 FRAME, ANNOTATION, OP = 0, 1, 2
 _POSITION_BITS = 40  # an element's position among all ranges and ops: up to 2**40 of them
-_SCHEMA = pa.schema([("id", pa.int64()), ("depth", pa.int32()), ("parent_range_id", pa.int64())])
 
 
 def create_kineto_nesting(con: duckdb.DuckDBPyConnection, elements: str, table: str) -> None:
@@ -30,17 +25,18 @@ def create_kineto_nesting(con: duckdb.DuckDBPyConnection, elements: str, table: 
     global_tid, start_ns, end_ns, order_key), where kind is FRAME, ANNOTATION or OP and id is a range's
     range_id or an op's own id; depth is NULL for ops."""
     con.execute(f"CREATE OR REPLACE TEMP TABLE {table} (id BIGINT, depth INTEGER, parent_range_id BIGINT)")
-    rows = con.sql(f"SELECT kind, id, global_tid, start_ns, end_ns FROM ({elements}) "
-                   "ORDER BY global_tid, start_ns, kind = 2, end_ns DESC, order_key").to_arrow_table()
-    if not rows.num_rows:
+    rows = con.sql(f"SELECT kind::BIGINT AS kind, id::BIGINT AS id, global_tid::BIGINT AS global_tid, "
+                   f"start_ns::BIGINT AS start_ns, end_ns::BIGINT AS end_ns FROM ({elements}) "
+                   "ORDER BY global_tid, start_ns, kind = 2, end_ns DESC, order_key").fetchnumpy()
+    kind, ids, tid, start, end = (np.asarray(rows[name], dtype=np.int64)
+                                  for name in ("kind", "id", "global_tid", "start_ns", "end_ns"))
+    if not kind.size:
         return
-    kind, ids, tid, start, end = (_ints(rows, name) for name in ("kind", "id", "global_tid", "start_ns", "end_ns"))
     parent, depth = nest(kind, tid, start, end)
-    has = parent >= 0
-    parent_id = np.where(has, ids[np.maximum(parent, 0)], -1)
-    is_op = kind == OP
-    insert(con, table, pa.Table.from_arrays(
-        [rows.column("id"), from_numpy(depth.astype(np.int32), is_op), from_numpy(parent_id, ~has)], schema=_SCHEMA))
+    # -1 stands for NULL on the way in: a depth is never negative, and a parent is a range (ids from 1 up)
+    nested = {"id": ids, "depth": np.where(kind == OP, -1, depth).astype(np.int32),
+              "parent_range_id": np.where(parent >= 0, ids[np.maximum(parent, 0)], -1)}
+    con.execute(f"INSERT INTO {table} SELECT id, nullif(depth, -1), nullif(parent_range_id, -1) FROM nested")
 
 
 def nest(kind: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -110,8 +106,3 @@ def _by_thread(kind: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.nda
         depths.append(depth)
     return np.concatenate(parents), np.concatenate(depths)
 
-
-def _ints(table: pa.Table, name: str) -> np.ndarray:
-    column = table.column(name).cast(pa.int64())
-    chunks = [np.frombuffer(c.buffers()[1], dtype=np.int64, count=len(c), offset=c.offset * 8) for c in column.chunks]
-    return np.concatenate(chunks) if chunks else np.empty(0, dtype=np.int64)

@@ -3,16 +3,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import duckdb
-import pyarrow as pa
 
 from itertrace.errors import UserError
 from itertrace.interrupts import deferred
-from itertrace.ingest.arrow_io import TableStream, first_line
-from itertrace.ingest.convert import uniform_batch, uniform_schema
+from itertrace.ingest.arrow_io import first_line
 from itertrace.ingest.progress import Progress
+
+if TYPE_CHECKING:
+    from itertrace.ingest.arrow_io import TableStream
 
 
 class Loader(Protocol):
@@ -80,6 +81,10 @@ class LoadContext:
 
     def write_table(self, schema: str, table: TableStream, name: str | None = None) -> None:
         """Create `schema.name` (default: the table's own name) from the table's batches, streaming."""
+        import pyarrow as pa  # here, not above: a Kineto ingest never imports it
+
+        from itertrace.ingest.convert import uniform_batch, uniform_schema
+
         arrow_schema = uniform_schema(table.schema)
         failures: list[BaseException] = []
 

@@ -1,6 +1,7 @@
 """Build the normalized, documented tables (nvtx_ranges, gpu_ops, ...) from the raw nsys tables."""
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from importlib import resources
 
@@ -8,10 +9,8 @@ import duckdb
 
 from itertrace.ingest.adapters import RAW_VIEWS, create_raw_views_over, schema_relations
 from itertrace.ingest.background import WORK, SideJob
-from itertrace.ingest.nesting import create_range_nesting
 from itertrace.ingest.plans import prefer_sort_based_joins
 from itertrace.ingest.progress import Progress
-from itertrace.ingest.projection import create_walked_projection
 from itertrace.ingest.sqldoc import comment_statements, statements, table_docs
 from itertrace.interrupts import deferred
 
@@ -30,8 +29,24 @@ SQL_FILES = (
     "nvtx_gpu_projection.sql",
 )
 NESTING = "_nvtx_range_nesting"  # made by ingest/nesting.py, read by nvtx_ranges.sql
+
+
+# nesting.py and projection.py import pyarrow, which a Kineto ingest (reading this module's SQL) never does.
+def create_range_nesting(con: duckdb.DuckDBPyConnection, table: str, cancel: threading.Event | None = None) -> None:
+    """nesting.create_range_nesting, imported when first called."""
+    from itertrace.ingest.nesting import create_range_nesting as create
+
+    create(con, table, cancel)
+
+
+def _walked_projection(con: duckdb.DuckDBPyConnection) -> None:
+    from itertrace.ingest.projection import create_walked_projection
+
+    create_walked_projection(con)
+
+
 # Temp tables the SQL reads that Python makes, each just before the first statement that names it.
-PYTHON_TABLES = {"_nvtx_projection_walked": create_walked_projection}
+PYTHON_TABLES = {"_nvtx_projection_walked": _walked_projection}
 
 
 def sql_text(name: str) -> str:

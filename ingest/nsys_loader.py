@@ -20,7 +20,6 @@ from itertrace.ingest.normalize import build_normalized_over, stored_tables
 from itertrace.ingest.nsys import check_report, export_arrow, find_nsys, report_version
 from itertrace.ingest.nsys_store import SCHEMA as RAW_SCHEMA
 from itertrace.ingest.nsys_store import store_raw_tables
-from itertrace.ingest.scan import open_sources
 
 # Tables by which a folder of TABLE.parquet / TABLE.arrow files is recognised as an nsys export.
 _EXPORT_TABLES = frozenset({"StringIds", "ThreadNames", "PROCESSES", "NVTX_EVENTS", "META_DATA_EXPORT",
@@ -66,6 +65,8 @@ class NsysLoader:
 
     def load(self, path: Path, ctx: LoadContext) -> None:
         """Build the normalized tables from the capture's tables, then write those into the `nsys` schema."""
+        from itertrace.ingest.scan import open_sources  # imports pyarrow: not for Kineto traces
+
         kind = source_kind(path)
         export = None
         if kind is SourceKind.REPORT:

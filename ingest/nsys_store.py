@@ -17,12 +17,15 @@ it back, so nsys's tables are kept three ways:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from itertrace.ingest.adapters import RAW_VIEWS
 from itertrace.ingest.arrow_io import TableStream
 from itertrace.ingest.checks import RANGE_TYPES
 from itertrace.ingest.loader import LoadContext, quote
-from itertrace.ingest.scan import ROW, Column, Sources
+
+if TYPE_CHECKING:  # scan imports pyarrow, which a Kineto ingest (importing SCHEMA) never does
+    from itertrace.ingest.scan import Column, Sources
 
 SCHEMA = "nsys"
 SMALL_TABLE = "_small_tables"
@@ -144,6 +147,8 @@ def _comment(ctx: LoadContext, kind: str, name: str, text: str) -> None:
 
 def _store_held(ctx: LoadContext, sources: Sources, name: str, spec: Held) -> None:
     """The hidden table of what the normalized tables do not hold, and the view that joins it back."""
+    from itertrace.ingest.scan import ROW
+
     ctx.progress.phase(f"writing {name}")
     plan = _plan_held(ctx, sources, name, spec)
     hidden = f"_{name}"
@@ -245,6 +250,8 @@ def _store_small(ctx: LoadContext, sources: Sources, tables: list[TableStream], 
 
     Tables go in by size, smallest first, then name: the same order from every layout of one export, and
     on the static sample capture one block smaller than by name alone."""
+    from itertrace.ingest.scan import ROW
+
     tables = sorted(tables, key=lambda table: (table.num_rows, table.name))
     slots: dict[str, int] = {kind: 0 for kind in _SLOT_PREFIX}
     places: dict[str, list[str]] = {}

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 RUN_FORMAT = "itertrace-run/1"  # run.json's "format" that this version reads
 RUN_JSON = "run.json"
@@ -26,6 +28,8 @@ class Kind(enum.Enum):
     INT_LIST = "a list of integers"
 
     def matches(self, kind: pa.DataType) -> bool:
+        import pyarrow as pa  # here, not above: a Kineto ingest never imports it
+
         if pa.types.is_dictionary(kind):
             return self.matches(kind.value_type)
         if self is Kind.INT:

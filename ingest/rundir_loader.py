@@ -12,9 +12,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from itertrace.errors import UserError, not_a_file
 from itertrace.ingest.arrow_io import TableStream, parquet_table
@@ -22,6 +20,9 @@ from itertrace.ingest.loader import LoadContext, quote
 from itertrace.ingest.run_schema import (EXTRA_COLUMN_DOC, META_COLUMNS, META_DOC, REQUIRED_META, RUN_FORMAT,
                                          RUN_JSON, RUN_TABLES, RunTable)
 from itertrace.ingest.sqldoc import literal
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 # Files by which a folder is recognised as a run directory, complete or not (the engine writes
 # `NAME.partial` and renames it when the run closes).

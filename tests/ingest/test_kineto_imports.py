@@ -1,6 +1,7 @@
 """`itertrace ingest` of a Kineto trace stays off the heavy libraries: it starts in a fraction of a second.
 
-torch, pandas and altair each take longer to import than the whole ingest of a small trace
+torch, pandas and altair each take longer to import than the whole ingest of a small trace; pyarrow, which
+only the nsys and run-directory loaders read with, is imported where they read
 (benchmarks/bench_kineto.py measures the imports and the ingest side by side).
 """
 from __future__ import annotations
@@ -10,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-HEAVY = ("torch", "pandas", "altair")
+HEAVY = ("torch", "pandas", "altair", "pyarrow")
 PROBE = """
 import sys
 from itertrace.cli import main
