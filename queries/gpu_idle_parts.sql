@@ -55,11 +55,13 @@ WITH
     FROM swept
     WHERE span_end_ns > ts AND next_ns > ts AND (nvtx_end_ns > ts OR cuda_end_ns > ts OR python_end_ns > ts)
   ),
+  -- each cause's place in (cause_kind, cause) order, so that the parts sort on integers
+  causes AS (SELECT *, row_number() OVER (ORDER BY cause_kind, cause)::INTEGER AS position FROM host_activity_causes),
   engine AS MATERIALIZED (
     SELECT f.global_tid, f.start_ns, f.end_ns, c.cause_id
     FROM host_activity_innermost(true) AS f
     JOIN nvtx_ranges AS r ON r.range_id = f.frame_id
-    JOIN host_activity_causes AS c ON c.cause = r.text AND c.cause_kind = 'python'
+    JOIN causes AS c ON c.cause = r.text AND c.cause_kind = 'python'
   ),
   pieces AS MATERIALIZED (
     SELECT w.device_id, w.global_pid, w.span_end_ns, w.cut_ns, w.part_ns, l.global_tid, l.cause_id,
@@ -84,9 +86,7 @@ WITH
   ),
   covered AS (
     SELECT device_id, global_pid, end_ns, sum(dur_ns) AS dur_ns FROM attributed GROUP BY ALL
-  ),
-  -- each cause's place in (cause_kind, cause) order, so that the parts sort on integers
-  causes AS (SELECT *, row_number() OVER (ORDER BY cause_kind, cause)::INTEGER AS position FROM host_activity_causes)
+  )
 SELECT a.device_id, a.global_pid, i.start_ns, a.end_ns, i.kind, i.iteration, c.cause_kind, c.cause, a.global_tid,
        e.cause AS engine_frame, a.dur_ns, c.position
 FROM attributed AS a

@@ -171,8 +171,8 @@ SELECT device_id, global_pid, start_ns, end_ns, end_ns - start_ns, kind, iterati
 FROM gpu_time_idle_unsorted
 ORDER BY device_id, global_pid, start_ns;
 
--- Per GPU, its window, operations, busy time and iterations: gpu_time less the idle time by kind, for
--- the views that add up the idle time their own way (gpu_time_summary, from the idle parts).
+-- Per GPU, its window, operations and busy time: gpu_time less the idle time by kind and the iterations,
+-- for the views that add up the idle time their own way (gpu_time_summary, from the idle parts).
 CREATE VIEW gpu_time_busy AS
 WITH
   busy AS (
@@ -181,17 +181,12 @@ WITH
     FROM _gpu_time_ops
     GROUP BY ALL
   ),
-  ops AS (SELECT device_id, global_pid, count(*) AS gpu_ops FROM gpu_ops GROUP BY ALL),
-  its AS (
-    SELECT global_pid, count(*) AS iterations FROM iterations_device WHERE device_start_ns IS NOT NULL GROUP BY ALL
-  )
+  ops AS (SELECT device_id, global_pid, count(*) AS gpu_ops FROM gpu_ops GROUP BY ALL)
 SELECT w.device_id, w.global_pid, w.start_ns AS window_start_ns, w.end_ns AS window_end_ns,
-       w.end_ns - w.start_ns AS window_ns, o.gpu_ops, coalesce(b.busy_ns, 0) AS busy_ns,
-       coalesce(t.iterations, 0) AS iterations, w.source AS window_source
+       w.end_ns - w.start_ns AS window_ns, o.gpu_ops, coalesce(b.busy_ns, 0) AS busy_ns, w.source AS window_source
 FROM _gpu_time_window AS w
 JOIN ops AS o USING (device_id, global_pid)
-LEFT JOIN busy AS b USING (device_id, global_pid)
-LEFT JOIN its AS t USING (global_pid);
+LEFT JOIN busy AS b USING (device_id, global_pid);
 
 -- Per GPU and process using it: the window split into busy and idle, and the idle by kind.
 CREATE VIEW gpu_time (
@@ -234,6 +229,9 @@ WITH
            sum(end_ns - start_ns) FILTER (WHERE kind = 'outside')::BIGINT AS outside_ns
     FROM gpu_time_idle_unsorted
     GROUP BY ALL
+  ),
+  its AS (
+    SELECT global_pid, count(*) AS iterations FROM iterations_device WHERE device_start_ns IS NOT NULL GROUP BY ALL
   )
 SELECT
   b.device_id,
@@ -249,10 +247,11 @@ SELECT
   coalesce(i.between_ns, 0),
   coalesce(i.outside_ns, 0),
   b.busy_ns / nullif(b.window_ns, 0),
-  b.iterations,
+  coalesce(t.iterations, 0),
   b.window_source
 FROM gpu_time_busy AS b
 LEFT JOIN idle AS i USING (device_id, global_pid)
+LEFT JOIN its AS t USING (global_pid)
 ORDER BY b.device_id, b.global_pid;
 
 -- GPU operations by name: which kernels (and copies) took the GPU's time.
