@@ -7,12 +7,14 @@ are taken in turn for ROUNDS rounds, so that a busy spell of the machine falls o
 
 - the anchor: `python -c "import duckdb; duckdb.connect(DB).sql('SELECT 1')"`, the least a Python client pays;
 - `itertrace sql --db DB "SELECT 1"` (target: at most 2x the anchor);
-- `itertrace query gpu_time_summary --db DB` (target: under 0.4 s on a 48k-row capture, the default size).
+- `itertrace query gpu_time_summary --db DB` (target: under 0.4 s on a 48k-row capture, the default size);
+- with `--before DIR` (another checkout's queries/ folder), that command again with the SQL modules of DIR,
+  so that a change to the SQL is measured side by side with what it replaces.
 
 Prints the median wall and CPU time (user + system, every thread) of each, and each command's ratio to the
 anchor, with the number of rounds and the load average; writes every run to OUT/bench_latency.json.
 
-Usage: python benchmarks/bench_latency.py [--steps 96] [--rounds 7] [--frames] [--out DIR]
+Usage: python benchmarks/bench_latency.py [--steps 96] [--rounds 7] [--frames] [--out DIR] [--before QUERIES_DIR]
 """
 from __future__ import annotations
 
@@ -29,14 +31,21 @@ from bench_kineto import STEP, measure  # noqa: E402  (one command's wall, CPU a
 from serving_captures import build, path_of  # noqa: E402  (the tests' builder of multi-step traces)
 
 ANCHOR = "import sys, duckdb; duckdb.connect(sys.argv[1]).sql('SELECT 1').fetchall()"
+# The command line with the SQL modules of another queries/ folder (argv[1]); the command's arguments follow.
+WITH_SQL = ("import sys; from pathlib import Path; from itertrace.queries import catalog; "
+            "catalog.SQL_DIR = Path(sys.argv[1]); from itertrace.cli import main; sys.exit(main(sys.argv[2:]))")
 
 
-def commands(db: Path) -> dict[str, list[str]]:
-    """Each measured command's argv, the anchor first."""
+def commands(db: Path, before: Path | None = None) -> dict[str, list[str]]:
+    """Each measured command's argv, the anchor first; with `before`, the query also with that folder's SQL."""
     cli = [sys.executable, "-m", "itertrace.cli"]
-    return {"bare DuckDB SELECT 1": [sys.executable, "-c", ANCHOR, str(db)],
-            "itertrace sql SELECT 1": [*cli, "sql", "--db", str(db), "SELECT 1"],
-            "itertrace query gpu_time_summary": [*cli, "query", "gpu_time_summary", "--db", str(db)]}
+    found = {"bare DuckDB SELECT 1": [sys.executable, "-c", ANCHOR, str(db)],
+             "itertrace sql SELECT 1": [*cli, "sql", "--db", str(db), "SELECT 1"],
+             "itertrace query gpu_time_summary": [*cli, "query", "gpu_time_summary", "--db", str(db)]}
+    if before is not None:
+        found["  the same, SQL of --before"] = [sys.executable, "-c", WITH_SQL, str(before),
+                                               "query", "gpu_time_summary", "--db", str(db)]
+    return found
 
 
 def database(steps: int, frames: bool, out: Path) -> tuple[Path, int]:
@@ -61,13 +70,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=7, help="rounds of every command, taken in turn (default 7)")
     parser.add_argument("--frames", action="store_true", help="keep the trace's Python frames (about 3x the rows)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/itertrace-bench-latency"))
+    parser.add_argument("--before", type=Path, default=None,
+                        help="another checkout's queries/ folder: time gpu_time_summary with its SQL too, "
+                             "in the same rounds")
     args = parser.parse_args(argv)
     if not path_of(STEP).is_file():
         raise SystemExit(f"{path_of(STEP)}: the shared vLLM trace is not there")
+    if args.before is not None and not (args.before / "gpu_time_summary.sql").is_file():
+        raise SystemExit(f"--before {args.before}: not a queries/ folder (no gpu_time_summary.sql there)")
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: bytecode compiled once, not by every command
     db, rows = database(args.steps, args.frames, args.out)
-    found = commands(db)
+    found = commands(db, args.before)
     for argv_ in found.values():  # once each before the rounds: files in the page cache, bytecode compiled
         measure(argv_)
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in found}

@@ -14,8 +14,9 @@
 -- The parts of each idle span, unordered. One sweep per GPU, in time order, over the starts and ends of
 -- the pieces that won each level (host_activity_level_won) and the starts of the idle spans: between
 -- two consecutive instants nothing starts or ends, so the idle span in flight, each level's piece in
--- flight (the latest to start: a level's pieces are disjoint, so its latest start and latest end
--- belong to one piece) and the winner (NVTX over CUDA over Python) hold throughout. The winner's engine
+-- flight and the winner (NVTX over CUDA over Python) hold throughout. A level's pieces are disjoint,
+-- so the one that started last also ends last: the running maximum of its ends names it (and the
+-- idle spans' likewise), one running aggregate per level rather than two. The winner's engine
 -- frame is the one its thread was in at the latest start or end of a piece, as host_activity.sql reads
 -- it for its pieces. The parts are added up by span, thread, cause and engine frame, and what no piece
 -- covers is left to the span's unattributed part.
@@ -39,36 +40,34 @@ WITH
     SELECT device_id, global_pid, ts,
            lead(ts) OVER w AS next_ns,
            max(CASE WHEN event < 2 THEN ts END) OVER w AS cut_ns,
-           max(CASE WHEN event = 0 AND level = 0 THEN ts END) OVER w AS nvtx_start_ns,
            max(CASE WHEN event = 0 AND level = 0 THEN end_ns END) OVER w AS nvtx_end_ns,
-           max(CASE WHEN event = 0 AND level = 1 THEN ts END) OVER w AS cuda_start_ns,
            max(CASE WHEN event = 0 AND level = 1 THEN end_ns END) OVER w AS cuda_end_ns,
-           max(CASE WHEN event = 0 AND level = 2 THEN ts END) OVER w AS python_start_ns,
            max(CASE WHEN event = 0 AND level = 2 THEN end_ns END) OVER w AS python_end_ns,
-           max(CASE WHEN event = 2 THEN ts END) OVER w AS span_start_ns,
            max(CASE WHEN event = 2 THEN end_ns END) OVER w AS span_end_ns
     FROM events
     WINDOW w AS (PARTITION BY device_id, global_pid ORDER BY ts, event, level ROWS UNBOUNDED PRECEDING)
   ),
   won AS (
-    SELECT device_id, global_pid, span_start_ns, cut_ns, least(next_ns, span_end_ns) - ts AS part_ns,
+    SELECT device_id, global_pid, span_end_ns, cut_ns, least(next_ns, span_end_ns) - ts AS part_ns,
            CASE WHEN nvtx_end_ns > ts THEN 0 WHEN cuda_end_ns > ts THEN 1 ELSE 2 END::TINYINT AS level,
-           CASE WHEN nvtx_end_ns > ts THEN nvtx_start_ns WHEN cuda_end_ns > ts THEN cuda_start_ns ELSE python_start_ns END
-             AS start_ns
+           CASE WHEN nvtx_end_ns > ts THEN nvtx_end_ns WHEN cuda_end_ns > ts THEN cuda_end_ns ELSE python_end_ns END
+             AS end_ns
     FROM swept
     WHERE span_end_ns > ts AND next_ns > ts AND (nvtx_end_ns > ts OR cuda_end_ns > ts OR python_end_ns > ts)
   ),
+  -- each cause's place in (cause_kind, cause) order, so that the parts sort on integers
+  causes AS (SELECT *, row_number() OVER (ORDER BY cause_kind, cause)::INTEGER AS position FROM host_activity_causes),
   engine AS MATERIALIZED (
     SELECT f.global_tid, f.start_ns, f.end_ns, c.cause_id
     FROM host_activity_innermost(true) AS f
     JOIN nvtx_ranges AS r ON r.range_id = f.frame_id
-    JOIN host_activity_causes AS c ON c.cause = r.text AND c.cause_kind = 'python'
+    JOIN causes AS c ON c.cause = r.text AND c.cause_kind = 'python'
   ),
   pieces AS MATERIALIZED (
-    SELECT w.device_id, w.global_pid, w.span_start_ns, w.cut_ns, w.part_ns, l.global_tid, l.cause_id,
+    SELECT w.device_id, w.global_pid, w.span_end_ns, w.cut_ns, w.part_ns, l.global_tid, l.cause_id,
            l.global_tid IN (SELECT global_tid FROM engine) AS framed
     FROM won AS w
-    JOIN levels AS l USING (device_id, global_pid, level, start_ns)
+    JOIN levels AS l USING (device_id, global_pid, level, end_ns)
   ),
   -- the engine frame, by an ASOF join only for the pieces whose thread has any
   framed AS (
@@ -80,27 +79,25 @@ WITH
     SELECT *, NULL FROM pieces WHERE NOT framed
   ),
   attributed AS MATERIALIZED (
-    SELECT device_id, global_pid, span_start_ns AS start_ns, global_tid, cause_id, engine_frame_id,
+    SELECT device_id, global_pid, span_end_ns AS end_ns, global_tid, cause_id, engine_frame_id,
            sum(part_ns)::BIGINT AS dur_ns
     FROM framed
     GROUP BY ALL
   ),
   covered AS (
-    SELECT device_id, global_pid, start_ns, sum(dur_ns) AS dur_ns FROM attributed GROUP BY ALL
-  ),
-  -- each cause's place in (cause_kind, cause) order, so that the parts sort on integers
-  causes AS (SELECT *, row_number() OVER (ORDER BY cause_kind, cause)::INTEGER AS position FROM host_activity_causes)
-SELECT a.device_id, a.global_pid, a.start_ns, i.end_ns, i.kind, i.iteration, c.cause_kind, c.cause, a.global_tid,
+    SELECT device_id, global_pid, end_ns, sum(dur_ns) AS dur_ns FROM attributed GROUP BY ALL
+  )
+SELECT a.device_id, a.global_pid, i.start_ns, a.end_ns, i.kind, i.iteration, c.cause_kind, c.cause, a.global_tid,
        e.cause AS engine_frame, a.dur_ns, c.position
 FROM attributed AS a
-JOIN idle AS i USING (device_id, global_pid, start_ns)
+JOIN idle AS i USING (device_id, global_pid, end_ns)
 JOIN causes AS c ON c.cause_id = a.cause_id
 LEFT JOIN causes AS e ON e.cause_id = a.engine_frame_id
 UNION ALL
 SELECT p.device_id, p.global_pid, p.start_ns, p.end_ns, p.kind, p.iteration, 'unattributed', 'unattributed', NULL,
        NULL, (p.end_ns - p.start_ns - coalesce(c.dur_ns, 0))::BIGINT, 2147483647
 FROM idle AS p
-LEFT JOIN covered AS c USING (device_id, global_pid, start_ns);
+LEFT JOIN covered AS c USING (device_id, global_pid, end_ns);
 
 -- Each idle span split by what the host was doing meanwhile; a span's parts add up to its length.
 CREATE VIEW gpu_idle_parts (

@@ -171,6 +171,23 @@ SELECT device_id, global_pid, start_ns, end_ns, end_ns - start_ns, kind, iterati
 FROM gpu_time_idle_unsorted
 ORDER BY device_id, global_pid, start_ns;
 
+-- Per GPU, its window, operations and busy time: gpu_time less the idle time by kind and the iterations,
+-- for the views that add up the idle time their own way (gpu_time_summary, from the idle parts).
+CREATE VIEW gpu_time_busy AS
+WITH
+  busy AS (
+    SELECT device_id, global_pid,
+           sum(greatest(end_ns - greatest(start_ns, coalesce(busy_until_ns, start_ns)), 0))::BIGINT AS busy_ns
+    FROM _gpu_time_ops
+    GROUP BY ALL
+  ),
+  ops AS (SELECT device_id, global_pid, count(*) AS gpu_ops FROM gpu_ops GROUP BY ALL)
+SELECT w.device_id, w.global_pid, w.start_ns AS window_start_ns, w.end_ns AS window_end_ns,
+       w.end_ns - w.start_ns AS window_ns, o.gpu_ops, coalesce(b.busy_ns, 0) AS busy_ns, w.source AS window_source
+FROM _gpu_time_window AS w
+JOIN ops AS o USING (device_id, global_pid)
+LEFT JOIN busy AS b USING (device_id, global_pid);
+
 -- Per GPU and process using it: the window split into busy and idle, and the idle by kind.
 CREATE VIEW gpu_time (
   -- CUDA device id (gpu_ops.device_id).
@@ -205,13 +222,6 @@ CREATE VIEW gpu_time (
   window_source
 ) AS
 WITH
-  busy AS (
-    SELECT device_id, global_pid,
-           sum(greatest(end_ns - greatest(start_ns, coalesce(busy_until_ns, start_ns)), 0))::BIGINT AS busy_ns
-    FROM _gpu_time_ops
-    GROUP BY ALL
-  ),
-  ops AS (SELECT device_id, global_pid, count(*) AS gpu_ops FROM gpu_ops GROUP BY ALL),
   idle AS (
     SELECT device_id, global_pid,
            sum(end_ns - start_ns) FILTER (WHERE kind = 'within')::BIGINT AS within_ns,
@@ -224,27 +234,25 @@ WITH
     SELECT global_pid, count(*) AS iterations FROM iterations_device WHERE device_start_ns IS NOT NULL GROUP BY ALL
   )
 SELECT
-  w.device_id,
-  w.global_pid,
-  (w.global_pid >> 24) & 16777215,
-  w.start_ns,
-  w.end_ns,
-  w.end_ns - w.start_ns,
-  o.gpu_ops,
-  coalesce(b.busy_ns, 0),
-  w.end_ns - w.start_ns - coalesce(b.busy_ns, 0),
+  b.device_id,
+  b.global_pid,
+  (b.global_pid >> 24) & 16777215,
+  b.window_start_ns,
+  b.window_end_ns,
+  b.window_ns,
+  b.gpu_ops,
+  b.busy_ns,
+  b.window_ns - b.busy_ns,
   coalesce(i.within_ns, 0),
   coalesce(i.between_ns, 0),
   coalesce(i.outside_ns, 0),
-  coalesce(b.busy_ns, 0) / nullif(w.end_ns - w.start_ns, 0),
+  b.busy_ns / nullif(b.window_ns, 0),
   coalesce(t.iterations, 0),
-  w.source
-FROM _gpu_time_window AS w
-JOIN ops AS o USING (device_id, global_pid)
-LEFT JOIN busy AS b USING (device_id, global_pid)
+  b.window_source
+FROM gpu_time_busy AS b
 LEFT JOIN idle AS i USING (device_id, global_pid)
 LEFT JOIN its AS t USING (global_pid)
-ORDER BY w.device_id, w.global_pid;
+ORDER BY b.device_id, b.global_pid;
 
 -- GPU operations by name: which kernels (and copies) took the GPU's time.
 CREATE VIEW gpu_time_kernels (

@@ -1,5 +1,8 @@
 -- GPU time summary: one row per GPU, its busy and idle shares and its largest idle causes.
 --
+-- Notes. The idle time by kind is gpu_time_causes' added up, which is gpu_time's (the parts of each idle
+-- span add up to it), so that the idle spans are computed once.
+--
 -- @uses gpu_time, gpu_time_causes
 
 -- One row per GPU and process: busy and idle shares of the window, and the largest idle causes.
@@ -40,13 +43,15 @@ WITH
            any_value(cause) FILTER (WHERE position = 1) AS cause,
            any_value(idle_share) FILTER (WHERE position = 1) AS share,
            list(cause || ' (' || cause_kind || '): ' || round(100 * idle_share, 1)::VARCHAR || '%' ORDER BY position)
-             FILTER (WHERE position <= 3) AS top_causes
+             FILTER (WHERE position <= 3) AS top_causes,
+           sum(within_ns)::BIGINT AS within_ns, sum(between_ns)::BIGINT AS between_ns,
+           sum(outside_ns)::BIGINT AS outside_ns
     FROM ranked
     GROUP BY ALL
   )
-SELECT t.device_id, t.global_pid, t.window_ns, t.busy_share,
-       t.idle_within_ns / nullif(t.window_ns, 0), t.idle_between_ns / nullif(t.window_ns, 0),
-       t.idle_outside_ns / nullif(t.window_ns, 0), c.cause_kind, c.cause, c.share, c.top_causes, t.window_source
-FROM gpu_time AS t
+SELECT t.device_id, t.global_pid, t.window_ns, t.busy_ns / nullif(t.window_ns, 0),
+       coalesce(c.within_ns, 0) / nullif(t.window_ns, 0), coalesce(c.between_ns, 0) / nullif(t.window_ns, 0),
+       coalesce(c.outside_ns, 0) / nullif(t.window_ns, 0), c.cause_kind, c.cause, c.share, c.top_causes, t.window_source
+FROM gpu_time_busy AS t
 LEFT JOIN tops AS c USING (device_id, global_pid)
 ORDER BY t.device_id, t.global_pid;

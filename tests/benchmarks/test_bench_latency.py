@@ -1,5 +1,5 @@
 """benchmarks/bench_latency.py runs end to end at a tiny size (one step, one round): every command it times
-succeeds and every ratio it prints is there."""
+(the query also with the SQL of --before, here this checkout's own) succeeds and every ratio it prints is there."""
 from __future__ import annotations
 
 import importlib.util
@@ -19,8 +19,10 @@ def test_tiny_run(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("bench_latency", BENCH)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    report = bench.main(["--steps", "1", "--rounds", "1", "--out", str(tmp_path)])
-    names = {"bare DuckDB SELECT 1", "itertrace sql SELECT 1", "itertrace query gpu_time_summary"}
+    own_sql = BENCH.parents[1] / "queries"
+    report = bench.main(["--steps", "1", "--rounds", "1", "--out", str(tmp_path), "--before", str(own_sql)])
+    names = {"bare DuckDB SELECT 1", "itertrace sql SELECT 1", "itertrace query gpu_time_summary",
+             "  the same, SQL of --before"}
     assert set(report["results"]) == set(report["ratios"]) == names
     assert all(len(runs) == 1 and min(runs[0]) > 0 for runs in report["results"].values())
     assert report["ratios"]["bare DuckDB SELECT 1"] == (1.0, 1.0)
