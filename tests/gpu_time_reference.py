@@ -85,12 +85,11 @@ def accounting(window: tuple[int, int], ops: list[tuple[int, int]], iterations: 
 def leaves(ranges: list[tuple[int, int, int, str]]) -> list[tuple[int, int, int, str]]:
     """The (tid, start, end, name) ranges, given in range_id order, that hold no other range of the list on
     their thread; of two ranges with the same start and end, the later one is inside the earlier (as a
-    push inside a push), and a range of no length at another's end is not inside it (as nvtx_ranges nests
-    them)."""
+    push inside a push), and a range of no length holds nothing and is inside nothing (it takes no time)."""
     def inside(i: int, j: int) -> bool:
         (tid, start, end, _), (outer_tid, outer_start, outer_end, _) = ranges[i], ranges[j]
-        return (i != j and tid == outer_tid and outer_start <= start < outer_end and end <= outer_end
-                and (start, -end, i) > (outer_start, -outer_end, j))
+        return (i != j and tid == outer_tid and start < end and outer_start <= start < outer_end
+                and end <= outer_end and (start, -end, i) > (outer_start, -outer_end, j))
     return [r for i, r in enumerate(ranges) if not any(inside(k, i) for k in range(len(ranges)))]
 
 
