@@ -59,9 +59,11 @@ class InBulk(OneByOne):
         dur, device_ns, starts, ends = dur[:steps], device_ns[:steps], starts[:steps], ends[:steps]
         engine.clock.advance(int(ends[-1]) - start)
 
-        ids, numbers = batch.request_ids, np.arange(iteration, iteration + steps, dtype=np.int64)
+        ids, numbers = batch.sampled_ids, np.arange(iteration, iteration + steps, dtype=np.int64)
         record.mark_tokens(iteration, np.sort(ids))
-        record.tokens_in_bulk(ids, numbers, ends)
+        record.flush_events(start, int(ends[0]))  # the first iteration's prompt chunk, if any
+        chunk = (d.work[-1][0].request_id, d.prefill_tokens) if d.prefill_tokens else None
+        record.tokens_in_bulk(ids, numbers, starts, ends, chunk)
         record.tally(result, d, queued, steps)
         log = record.log
         if log is not None:  # the rest as in this iteration's row (kv_freed: 0 in such a stretch)
