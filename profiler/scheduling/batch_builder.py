@@ -204,6 +204,11 @@ class DecodeRows:
         then row, as `grow` takes them iteration by iteration."""
         bs = self.block_size
         first = self.room - self.pos  # [D] the step whose token needs the row's next block
+        if steps <= bs:  # a block each at most
+            row = (first < steps).nonzero()[0]
+            step = first[row]
+            order = step.argsort(kind="stable")
+            return step[order], row[order]
         counts = np.maximum(0, (steps - first + bs - 1) // bs)
         row = np.repeat(np.arange(len(self.reqs), dtype=np.int64), counts)
         nth = np.arange(len(row), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)

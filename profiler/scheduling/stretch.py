@@ -47,45 +47,68 @@ def chunk_steps(chunk: Chunk) -> int:
     return -(-(req.num_tokens - req.num_computed) // n) - 1
 
 
-def _chunk_block_steps(chunk: Chunk, steps: int, block_size: int) -> np.ndarray:
-    """The iteration (1 .. steps - 1 after the one just scheduled) in which the chunk's request takes each of
-    its new blocks, in order; the first iteration's blocks are taken already."""
+def _chunk_blocks(chunk: Chunk, steps: int, block_size: int) -> np.ndarray:
+    """[steps] the new blocks the chunk's request takes in each iteration, the one just scheduled first (its
+    blocks are taken already: 0)."""
     req, n = chunk
-    covered = -(-(req.num_computed + n * np.arange(1, steps + 1, dtype=np.int64)) // block_size)
-    held = np.maximum(len(req.block_ids), covered)  # [steps] blocks held after each iteration
-    return np.repeat(np.arange(1, steps, dtype=np.int64), np.diff(held))
+    held = np.arange(1, steps + 1, dtype=np.int64)
+    held *= n
+    held += req.num_computed + block_size - 1
+    held //= block_size  # [steps] blocks covering the request's tokens after each iteration
+    np.maximum(held, len(req.block_ids), out=held)
+    new = np.zeros(steps, dtype=np.int64)
+    np.subtract(held[1:], held[:-1], out=new[1:])
+    return new
 
 
 def commit_stretch(rows: DecodeRows, chunk: Chunk | None, blocks: BlockManager,
-                   tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[Request]] | None:
+                   tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, set[Request]] | None:
     """Commit at once the leading iterations of `tokens` ([steps, D]: the rows' tokens, the iteration just
     scheduled first) up to the first where a row may stop on a stop token or the pool lacks a block the
     rows or the chunk take. Returns [n] KV blocks allocated and [n] in use in each of the n iterations
-    committed, and the requests that took blocks (in no set order); None when n would be 0."""
+    committed, and the requests that took blocks; None when n would be 0."""
     steps = rows.first_stop(tokens)
-    row_steps, row_of = rows.blocks_ahead(steps)  # the rows' blocks, by iteration, then row
-    chunk_steps_ = _chunk_block_steps(chunk, len(tokens), blocks.block_size) if chunk else row_steps[:0]
-    at = np.concatenate((row_steps, chunk_steps_))
-    order = np.argsort(at, kind="stable")  # by iteration; in each, the rows' blocks before the chunk's
-    at = at[order]
-    if len(at) > blocks.device.num_free:
-        steps = min(steps, int(at[blocks.device.num_free]))
     if steps <= 0:
         return None
-    order = order[: int(at.searchsorted(steps))]
-    allocated = np.bincount(at[: len(order)], minlength=steps)
-    in_use = blocks.device.num_used + np.cumsum(allocated)
-    allocated[0] = blocks.allocated_this_iteration
-    owners = [rows.reqs[i] for i in row_of.tolist()] + ([chunk[0]] * len(chunk_steps_) if chunk else [])
-    new = np.array(blocks.append_blocks([owners[i] for i in order.tolist()]), dtype=np.int64)
-    is_row = order < len(row_steps)
-    kept = order[is_row]  # a prefix of the rows' blocks: the same order
-    if len(kept):
-        rows.grow_ahead(row_steps[kept], row_of[kept], new[is_row])
-    grew = [rows.reqs[i] for i in np.unique(row_of[kept]).tolist()]
-    if chunk and len(kept) < len(order):
-        grew.append(chunk[0])
-    commit_decode_steps(rows, tokens[:steps])
+    row_steps, row_of = rows.blocks_ahead(steps)  # the rows' blocks, by iteration, then row
+    allocated = np.bincount(row_steps, minlength=steps)
     if chunk:
-        chunk[0].num_computed += chunk[1] * steps
+        allocated += _chunk_blocks(chunk, steps, blocks.block_size)
+    short = (allocated.cumsum() > blocks.device.num_free).nonzero()[0]
+    if len(short):  # that iteration runs one by one: it preempts
+        steps = int(short[0])
+        if steps <= 0:
+            return None
+        allocated = allocated[:steps]
+        cut = int(row_steps.searchsorted(steps))
+        row_steps, row_of = row_steps[:cut], row_of[:cut]
+    in_use = blocks.device.num_used + allocated.cumsum()
+    allocated[0] = blocks.allocated_this_iteration
+    grew = _take_blocks(rows, chunk, blocks, row_steps, row_of, steps)
+    commit_decode_steps(rows, tokens[:steps])
     return allocated, in_use, grew
+
+
+def _take_blocks(rows: DecodeRows, chunk: Chunk | None, blocks: BlockManager, row_steps: np.ndarray,
+                 row_of: np.ndarray, steps: int) -> set[Request]:
+    """Take the stretch's blocks iteration by iteration, the rows' (`row_steps`, `row_of`: blocks_ahead) before
+    the chunk's, and put the rows' into their tables; the chunk's request ends `steps` chunks further. Returns
+    the requests that took blocks."""
+    reqs, new = rows.reqs, []
+    grew = {reqs[i] for i in row_of.tolist()}
+    bounds = row_steps.searchsorted(np.arange(steps + 1)).tolist()  # the rows' blocks of iteration s: [s, s + 1)
+    req, n = chunk if chunk else (None, 0)
+    held = len(req.block_ids) if req else 0
+    for s in range(1, steps):
+        if bounds[s] < bounds[s + 1]:
+            new += blocks.append_blocks([reqs[i] for i in row_of[bounds[s]: bounds[s + 1]].tolist()])
+        if req:
+            req.num_computed += n  # as it stands when iteration s is scheduled
+            blocks.grow(req, n)
+    if len(new):
+        rows.grow_ahead(row_steps, row_of, np.array(new, dtype=np.int64))
+    if req:
+        req.num_computed += n
+        if len(req.block_ids) > held:
+            grew.add(req)
+    return grew

@@ -97,6 +97,8 @@ _REQUEST_ROW = operator.itemgetter(*REQUESTS.names)
 
 
 _MAX_PENDING = 2  # row groups handed to the writer thread and not yet written, at most
+_FEW_ROWS = 16  # iteration rows that came as columns but go in as rows (see RunLog.iterations)
+_ID_LISTS = {f.name for f in ITERATIONS if pa.types.is_list(f.type)}  # one id array every row of a part holds
 
 
 @dataclass
@@ -269,8 +271,16 @@ class RunLog:
         self._tables["events"].append((request_id, iteration, ts_ns, kind, reason, tokens))
 
     def iterations(self, columns: dict, n: int) -> None:
-        """`n` iteration rows at once, as columns (see _Table.append_columns)."""
-        self._tables["iterations"].append_columns(columns, n)
+        """`n` iteration rows at once, as columns (see _Table.append_columns). A few rows go in as rows: a
+        part of its own costs more to turn into a table than they do."""
+        table = self._tables["iterations"]
+        if n > _FEW_ROWS:
+            table.append_columns(columns, n)
+            return
+        arrays = {name: values.tolist() for name, values in columns.items()
+                  if type(values) is np.ndarray and name not in _ID_LISTS}
+        for i in range(n):
+            table.append(_ITERATION_ROW(columns | {name: values[i] for name, values in arrays.items()}))
 
     def token_events(self, request_ids: np.ndarray, iteration: int, ts_ns: int, first: np.ndarray) -> None:
         """One `first_token` or `token` event row per request id (tokens=1, no reason), all at `ts_ns`."""
