@@ -71,7 +71,14 @@ class InBulk(OneByOne):
             log.iterations(row | {
                 "iteration": numbers, "start_ns": starts, "end_ns": ends, "dur_ns": dur, "prepare_ns": host_ns,
                 "forward_ns": device_ns, "device_start_ns": starts + host_ns, "device_end_ns": ends,
-                "kv_allocated": allocated, "kv_in_use": in_use}, steps)
+                "kv_allocated": allocated, "kv_in_use": in_use, **_first_only(d, steps)}, steps)
         result.iterations_in_bulk += steps
         self.tracer.end_step()
         return steps
+
+
+def _first_only(d: Decision, steps: int) -> dict[str, np.ndarray]:
+    """The columns of `d`'s row that hold for the first of `steps` iterations only: the chunk's request was
+    admitted or resumed in it (see scheduling/stretch.py)."""
+    counts = {"admitted": d.admitted, "resumed": d.resumed}
+    return {name: np.array([count] + [0] * (steps - 1), dtype=np.int64) for name, count in counts.items() if count}

@@ -283,20 +283,19 @@ class Scheduler:
         most one prompt chunk of the same size) before a row samples its last token (max_tokens) or the chunk
         reaches its end; 0 when `decision` runs anything else.
 
-        Such iterations schedule the same rows, each one position further, the same chunk, with the same
-        limit, until a row finishes, a request arrives or is canceled, or the pool runs short: nothing else
+        Such iterations schedule the same rows, each one position further, the same chunk (its request started
+        in the first at most), with the same limit, until a row finishes, a request arrives or is canceled, or the pool runs short: nothing else
         moves. A queued request that could not start now cannot start then either: the token budget left to
         it is the same, and the free blocks (less those promised to others, in preemption mode "reject") only
         shrink as the rows grow. In static mode every live member must be a decode row.
         """
         rows, self._chunk = self._rows, None
         if (rows is None or not len(rows) or decision.stalled_member_ids
-                or decision.swap.swap_out or decision.swap.swap_in
-                or decision.admitted or decision.resumed or decision.preempted or decision.rejected
+                or decision.swap.swap_out or decision.swap.swap_in or decision.preempted or decision.rejected
                 or len(self.running) - len(decision.finished_member_ids) != len(decision.work)):
             return 0
         if decision.batch.num_seqs == len(rows) and not decision.prefill_tokens and not self.events:
-            return rows.steps_to_finish()
+            return rows.steps_to_finish()  # (and so nothing was admitted or resumed)
         self._chunk = repeated_chunk(decision, rows, self.events, self.config)
         return min(rows.steps_to_finish(), chunk_steps(self._chunk)) if self._chunk else 0
 

@@ -28,15 +28,18 @@ Chunk = tuple[Request, int]  # a running request, and the prompt tokens it runs 
 
 def repeated_chunk(decision: Decision, rows: DecodeRows, events: list[Event | TokenEvents], config: SchedulerConfig) -> Chunk | None:
     """The prompt chunk that a stretch from `decision` repeats beside the rows, when `decision` runs exactly
-    the rows and one such chunk (see the Notes); else None."""
+    the rows and one such chunk (see the Notes), whose request may have started (been admitted, or resumed
+    after preemption) in `decision`; else None."""
     if config.mode is not Mode.CONTINUOUS or len(decision.work) != len(rows) + 1:
         return None
     req, n = decision.work[-1]
+    started = decision.admitted + decision.resumed  # the chunk's request started in this iteration
     if (req.phase is not Phase.PREFILL or req.swap_slots or len(rows) + n != config.max_num_batched_tokens
-            or req.num_computed + n >= req.num_tokens or len(events) != 1):
+            or req.num_computed + n >= req.num_tokens or started > 1 or len(events) != 1 + started):
         return None
-    ev = events[0]
-    if type(ev) is not Event or ev.kind is not EventKind.PREFILL_CHUNK or ev.request_id != req.request_id:
+    kinds = (EventKind.ADMIT if decision.admitted else EventKind.RESUME,) * started + (EventKind.PREFILL_CHUNK,)
+    if any(type(ev) is not Event or ev.kind is not kind or ev.request_id != req.request_id
+           for ev, kind in zip(events, kinds)):
         return None
     return req, n
 
