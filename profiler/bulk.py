@@ -1,11 +1,12 @@
-"""Iterations in bulk: a stretch of iterations that run only the decode rows, run at once.
+"""Iterations in bulk: a stretch of iterations that repeat the one just scheduled, run at once.
 
-Such iterations (Scheduler.bulk_steps) differ only in positions, tokens, times and KV blocks, so the
-runner (a BulkRunner) gives their times and tokens as arrays, the scheduler commits them in one go
-(Scheduler.commit_bulk) and their log rows go out as columns: the same rows, events and request state
-as a pass of the loop each (tests/profiler/test_bulk.py compares the two). A stretch stops short of the
-iteration where a row finishes or may stop, a request arrives or is canceled, or the KV pool runs
-short: that one runs one by one.
+Such iterations (Scheduler.bulk_steps) run the decode rows and at most one prompt chunk of the same size
+(scheduling/stretch.py), and differ only in positions, tokens, times and KV blocks, so the runner (a
+BulkRunner) gives their times and tokens as arrays, the scheduler commits them in one go
+(Scheduler.commit_bulk) and their log rows go out together: the same rows, events and request state as
+a pass of the loop each (tests/profiler/test_bulk.py compares the two). A stretch stops short of the
+iteration where a row finishes or may stop, the chunk reaches its request's end, a request arrives or is
+canceled, or the KV pool runs short: that one runs one by one.
 """
 from __future__ import annotations
 
@@ -62,8 +63,8 @@ class InBulk(OneByOne):
         ids, numbers = batch.sampled_ids, np.arange(iteration, iteration + steps, dtype=np.int64)
         record.mark_tokens(iteration, np.sort(ids))
         record.flush_events(start, int(ends[0]))  # the first iteration's prompt chunk, if any
-        chunk = (d.work[-1][0].request_id, d.prefill_tokens) if d.prefill_tokens else None
-        record.tokens_in_bulk(ids, numbers, starts, ends, chunk)
+        chunk = (d.work[-1][0].request_id, d.prefill_tokens, starts) if d.prefill_tokens else None
+        record.tokens_in_bulk(ids, numbers, ends, chunk)
         record.tally(result, d, queued, steps)
         log = record.log
         if log is not None:  # the rest as in this iteration's row (kv_freed: 0 in such a stretch)

@@ -286,20 +286,20 @@ class RunLog:
         """One `first_token` or `token` event row per request id (tokens=1, no reason), all at `ts_ns`."""
         self._tables["events"].append_tokens(request_ids, iteration, ts_ns, first)
 
-    def token_steps(self, request_ids: np.ndarray, iterations: np.ndarray, starts_ns: np.ndarray, ends_ns: np.ndarray,
-                    chunk: tuple[int, int] | None = None) -> None:
+    def token_steps(self, request_ids: np.ndarray, iterations: np.ndarray, ts_ns: np.ndarray,
+                    chunk: tuple[int, int, np.ndarray] | None = None) -> None:
         """`token` rows (never a first token) of the same requests over several iterations: each request
-        id in every one of `iterations`, at that iteration's end, in that order; `chunk`: (request id, tokens)
-        of a prompt chunk run in each iteration, whose `prefill_chunk` row, at the iteration's start, goes
-        before the iteration's token rows in every iteration but the first."""
+        id in every one of `iterations`, at that iteration's `ts_ns`, in that order. `chunk`: (request id,
+        tokens, [iterations] start ns) of a prompt chunk run in each iteration, whose `prefill_chunk` row, at
+        the iteration's start, goes before the iteration's token rows in every iteration but the first."""
         n, table = len(request_ids), self._tables["events"]
         if chunk is None:
             table.append_tokens(np.tile(request_ids, len(iterations)), np.repeat(iterations, n),
-                                np.repeat(ends_ns, n), np.zeros(n * len(iterations), dtype=bool))
+                                np.repeat(ts_ns, n), np.zeros(n * len(iterations), dtype=bool))
             return
-        request_id, tokens = chunk
+        request_id, tokens, starts_ns = chunk
         kind, no_first = EventKind.PREFILL_CHUNK.value, np.zeros(n, dtype=bool)
-        for k, (iteration, start, end) in enumerate(zip(iterations.tolist(), starts_ns.tolist(), ends_ns.tolist())):
+        for k, (iteration, start, end) in enumerate(zip(iterations.tolist(), starts_ns.tolist(), ts_ns.tolist())):
             if k:
                 table.append((request_id, iteration, start, kind, None, tokens))
             table.append_tokens(request_ids, iteration, end, no_first)
