@@ -284,8 +284,8 @@ class Scheduler:
         reaches its end; 0 when `decision` runs anything else.
 
         Such iterations schedule the same rows, each one position further, the same chunk (its request started
-        in the first at most), with the same limit, until a row finishes, a request arrives or is canceled, or the pool runs short: nothing else
-        moves. A queued request that could not start now cannot start then either: the token budget left to
+        in the first at most), with the same limit, until a row finishes, a request arrives or is canceled, or
+        the pool runs short: nothing else moves. A queued request that could not start now cannot start then either: the token budget left to
         it is the same, and the free blocks (less those promised to others, in preemption mode "reject") only
         shrink as the rows grow. In static mode every live member must be a decode row.
         """

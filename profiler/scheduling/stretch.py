@@ -3,15 +3,16 @@
 Notes
 -----
 A stretch repeats the iteration just scheduled: the decode rows, each one position further per
-iteration, and at most one running request's prompt chunk of the same size. Such a chunk takes all
-the token budget the rows leave, so nothing else can start, and stops short of the end of what its
-request has to compute, so it samples nothing: a long prompt, or its recompute after preemption,
-going through its chunks beside the decodes. The stretch ends before the iteration where a row
-finishes or may stop, the chunk reaches its end, or the KV pool runs short (that one runs one by one).
+iteration, and at most one running request's prompt chunk of the same size (its request may have
+been admitted, or resumed after preemption, in the first iteration). Such a chunk takes all the token
+budget the rows leave, so nothing else can start, and stops short of the end of what its request has
+to compute, so it samples nothing: a long prompt, or its recompute after preemption, going through
+its chunks beside the decodes. The stretch ends before the iteration where a row finishes or may
+stop, the chunk reaches its end, or the KV pool runs short (that one runs one by one and preempts).
 
-Blocks come off a FIFO free list and no block is freed within a stretch, so taking all its blocks in
-one go, in the order the iterations take them (each iteration: the rows' in row order, then the
-chunk's), gives every request the blocks it would get iteration by iteration.
+Blocks come off a FIFO free list and no block is freed within a stretch, so taking the stretch's
+blocks in the order its iterations take them (each iteration: the rows' in row order, then the
+chunk's) gives every request the blocks it would get one by one.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from itertrace.profiler.scheduling.request import Phase, Request
 Chunk = tuple[Request, int]  # a running request, and the prompt tokens it runs in each iteration
 
 
-def repeated_chunk(decision: Decision, rows: DecodeRows, events: list[Event | TokenEvents], config: SchedulerConfig) -> Chunk | None:
+def repeated_chunk(decision: Decision, rows: DecodeRows, events: list[Event | TokenEvents],
+                   config: SchedulerConfig) -> Chunk | None:
     """The prompt chunk that a stretch from `decision` repeats beside the rows, when `decision` runs exactly
     the rows and one such chunk (see the Notes), whose request may have started (been admitted, or resumed
     after preemption) in `decision`; else None."""
@@ -94,24 +96,25 @@ def commit_stretch(rows: DecodeRows, chunk: Chunk | None, blocks: BlockManager,
 
 def _take_blocks(rows: DecodeRows, chunk: Chunk | None, blocks: BlockManager, row_steps: np.ndarray,
                  row_of: np.ndarray, steps: int) -> set[Request]:
-    """Take the stretch's blocks iteration by iteration, the rows' (`row_steps`, `row_of`: blocks_ahead) before
-    the chunk's, and put the rows' into their tables; the chunk's request ends `steps` chunks further. Returns
-    the requests that took blocks."""
-    reqs, new = rows.reqs, []
+    """Take the stretch's blocks in the order its iterations take them, the rows' (`row_steps`, `row_of`:
+    blocks_ahead) before the chunk's in each, and put the rows' into their tables; the chunk's request ends
+    `steps` chunks further. Returns the requests that took blocks."""
+    reqs = rows.reqs
     grew = {reqs[i] for i in row_of.tolist()}
-    bounds = row_steps.searchsorted(np.arange(steps + 1)).tolist()  # the rows' blocks of iteration s: [s, s + 1)
-    req, n = chunk if chunk else (None, 0)
-    held = len(req.block_ids) if req else 0
-    for s in range(1, steps):
-        if bounds[s] < bounds[s + 1]:
-            new += blocks.append_blocks([reqs[i] for i in row_of[bounds[s]: bounds[s + 1]].tolist()])
-        if req:
+    if chunk is None:  # the rows' alone: in one go
+        new = blocks.append_blocks([reqs[i] for i in row_of.tolist()])
+    else:
+        req, n = chunk
+        held, new = len(req.block_ids), []
+        bounds = row_steps.searchsorted(np.arange(steps + 1)).tolist()  # the rows' blocks of iteration s: [s, s + 1)
+        for s in range(1, steps):
+            if bounds[s] < bounds[s + 1]:
+                new += blocks.append_blocks([reqs[i] for i in row_of[bounds[s]: bounds[s + 1]].tolist()])
             req.num_computed += n  # as it stands when iteration s is scheduled
             blocks.grow(req, n)
-    if len(new):
-        rows.grow_ahead(row_steps, row_of, np.array(new, dtype=np.int64))
-    if req:
         req.num_computed += n
         if len(req.block_ids) > held:
             grew.add(req)
+    if len(new):
+        rows.grow_ahead(row_steps, row_of, np.array(new, dtype=np.int64))
     return grew
