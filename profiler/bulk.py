@@ -1,11 +1,12 @@
-"""Iterations in bulk: a stretch of iterations that run only the decode rows, run at once.
+"""Iterations in bulk: a stretch of iterations that repeat the one just scheduled, run at once.
 
-Such iterations (Scheduler.bulk_steps) differ only in positions, tokens, times and KV blocks, so the
-runner (a BulkRunner) gives their times and tokens as arrays, the scheduler commits them in one go
-(Scheduler.commit_bulk) and their log rows go out as columns: the same rows, events and request state
-as a pass of the loop each (tests/profiler/test_bulk.py compares the two). A stretch stops short of the
-iteration where a row finishes or may stop, a request arrives or is canceled, or the KV pool runs
-short: that one runs one by one.
+Such iterations (Scheduler.bulk_steps) run the decode rows and at most one prompt chunk of the same size
+(scheduling/stretch.py), and differ only in positions, tokens, times and KV blocks, so the runner (a
+BulkRunner) gives their times and tokens as arrays, the scheduler commits them in one go
+(Scheduler.commit_bulk) and their log rows go out together: the same rows, events and request state as
+a pass of the loop each (tests/profiler/test_bulk.py compares the two). A stretch stops short of the
+iteration where a row finishes or may stop, the chunk reaches its request's end, a request arrives or is
+canceled, or the KV pool runs short: that one runs one by one.
 """
 from __future__ import annotations
 
@@ -59,9 +60,11 @@ class InBulk(OneByOne):
         dur, device_ns, starts, ends = dur[:steps], device_ns[:steps], starts[:steps], ends[:steps]
         engine.clock.advance(int(ends[-1]) - start)
 
-        ids, numbers = batch.request_ids, np.arange(iteration, iteration + steps, dtype=np.int64)
+        ids, numbers = batch.sampled_ids, np.arange(iteration, iteration + steps, dtype=np.int64)
         record.mark_tokens(iteration, np.sort(ids))
-        record.tokens_in_bulk(ids, numbers, ends)
+        record.flush_events(start, int(ends[0]))  # the first iteration's prompt chunk, if any
+        chunk = (d.work[-1][0].request_id, d.prefill_tokens, starts) if d.prefill_tokens else None
+        record.tokens_in_bulk(ids, numbers, ends, chunk)
         record.tally(result, d, queued, steps)
         log = record.log
         if log is not None:  # the rest as in this iteration's row (kv_freed: 0 in such a stretch)
@@ -69,7 +72,14 @@ class InBulk(OneByOne):
             log.iterations(row | {
                 "iteration": numbers, "start_ns": starts, "end_ns": ends, "dur_ns": dur, "prepare_ns": host_ns,
                 "forward_ns": device_ns, "device_start_ns": starts + host_ns, "device_end_ns": ends,
-                "kv_allocated": allocated, "kv_in_use": in_use}, steps)
+                "kv_allocated": allocated, "kv_in_use": in_use, **_first_only(d, steps)}, steps)
         result.iterations_in_bulk += steps
         self.tracer.end_step()
         return steps
+
+
+def _first_only(d: Decision, steps: int) -> dict[str, np.ndarray]:
+    """The columns of `d`'s row that hold for the first of `steps` iterations only: the chunk's request was
+    admitted or resumed in it (see scheduling/stretch.py)."""
+    counts = {"admitted": d.admitted, "resumed": d.resumed}
+    return {name: np.array([count] + [0] * (steps - 1), dtype=np.int64) for name, count in counts.items() if count}

@@ -33,11 +33,11 @@ class CostModel:
         return int(self._ns(len(batch.start_pos), tokens, context))
 
     def decode_steps_ns(self, batch: Batch, steps: int) -> np.ndarray:
-        """[steps] `forward_ns` of an all-decode batch and of the `steps - 1` batches that follow it, each
-        row one position further: the same arithmetic, on an array of contexts."""
-        seqs = len(batch.start_pos)
-        context = int(batch.start_pos.sum()) + seqs + seqs * np.arange(steps, dtype=np.int64)
-        return self._ns(seqs, seqs, context).astype(np.int64)
+        """[steps] `forward_ns` of a batch and of the `steps - 1` batches that follow it, each row as many
+        positions further as it runs tokens: the same arithmetic, on an array of contexts."""
+        tokens = len(batch.token_ids)
+        context = int(batch.start_pos.sum()) + tokens + tokens * np.arange(steps, dtype=np.int64)
+        return self._ns(len(batch.start_pos), tokens, context).astype(np.int64)
 
     def _ns(self, seqs: int, tokens: int, context):
         """The model, for one context or an array of them (the same operations in the same order)."""
@@ -88,14 +88,14 @@ class SimulatedRunner:
         return _tokens(batch.sampled_ids, batch.num_generated[batch.sample])
 
     def decode_times(self, batch: Batch, steps: int) -> tuple[int, np.ndarray]:
-        """What `prepare` moves the clock by in each of `steps` iterations of an all-decode batch, each row one
-        position further than in the last, and [steps] what `forward` does. The clock does not move (the
-        engine moves it)."""
+        """What `prepare` moves the clock by in each of `steps` iterations of a batch, each row as many
+        positions further than in the last as it runs tokens, and [steps] what `forward` does. The clock does
+        not move (the engine moves it)."""
         return int(self.cost.host_ns), self.cost.decode_steps_ns(batch, steps)
 
     def decode_tokens(self, batch: Batch, steps: int) -> np.ndarray:
-        """[steps, S] what `sample` gives in those iterations."""
-        return _tokens(batch.request_ids, batch.num_generated + np.arange(steps, dtype=np.int64)[:, None])
+        """[steps, sampled] what `sample` gives in those iterations (the same rows sample in each)."""
+        return _tokens(batch.sampled_ids, batch.num_generated[batch.sample] + np.arange(steps, dtype=np.int64)[:, None])
 
     def swap(self, plan: SwapPlan) -> None:
         self.clock.advance(self._swap_ns(plan))

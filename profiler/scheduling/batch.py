@@ -218,14 +218,15 @@ class Runner(Protocol):
 
 @runtime_checkable
 class BulkRunner(Runner, Protocol):
-    """A runner that gives a stretch of all-decode iterations at once: their times and tokens as arrays."""
+    """A runner that gives a stretch of iterations at once (the decode rows, and at most one prompt chunk of
+    the same size in each): their times and tokens as arrays."""
 
     def decode_times(self, batch: Batch, steps: int) -> tuple[int, np.ndarray]:
-        """Host ns (prepare) per iteration, and [steps] device ns (forward), of an all-decode batch and of the
-        steps - 1 after it, each row one position further."""
+        """Host ns (prepare) per iteration, and [steps] device ns (forward), of a batch and of the steps - 1
+        after it, each row as many positions further as it runs tokens."""
 
     def decode_tokens(self, batch: Batch, steps: int) -> np.ndarray:
-        """[steps, S] the tokens `sample` gives in those iterations."""
+        """[steps, sampled] the tokens `sample` gives in those iterations (the same rows sample in each)."""
 
 
 @runtime_checkable

@@ -172,11 +172,11 @@ class DecodeRows:
         room = self.room[rows]
         self.room[rows] = room + self._block_size  # room is never handed out
         self._grow_in = int((self.room - self.pos).min())
-        self._put_blocks(rows, np.floor_divide(room, self._block_size, room), blocks)  # the column where each goes
-
-    def _put_blocks(self, rows: np.ndarray, column: np.ndarray, blocks: BlockManager) -> None:
-        """A new block for each of `rows`, in that order, into its table at `column`."""
         new = blocks.append_blocks([self.reqs[i] for i in rows.tolist()])
+        self._put_blocks(rows, np.floor_divide(room, self._block_size, room), new)  # the column where each goes
+
+    def _put_blocks(self, rows: np.ndarray, column: np.ndarray, new: list[int] | np.ndarray) -> None:
+        """A new block for each of `rows` (`new`, taken for them in that order) into its table at `column`."""
         try:
             self.tables[rows, column] = new
         except IndexError:  # past the last column (nothing was written)
@@ -204,6 +204,11 @@ class DecodeRows:
         then row, as `grow` takes them iteration by iteration."""
         bs = self.block_size
         first = self.room - self.pos  # [D] the step whose token needs the row's next block
+        if steps <= bs:  # a block each at most
+            row = (first < steps).nonzero()[0]
+            step = first[row]
+            order = step.argsort(kind="stable")
+            return step[order], row[order]
         counts = np.maximum(0, (steps - first + bs - 1) // bs)
         row = np.repeat(np.arange(len(self.reqs), dtype=np.int64), counts)
         nth = np.arange(len(row), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
@@ -211,10 +216,10 @@ class DecodeRows:
         order = np.lexsort((row, step))
         return step[order], row[order]
 
-    def grow_ahead(self, steps: np.ndarray, rows: np.ndarray, blocks: BlockManager) -> None:
-        """Take the blocks of `blocks_ahead` at once: the same blocks, in the same places, as `grow` would
-        iteration by iteration (the caller made sure the pool has them)."""
-        self._put_blocks(rows, (self.pos[rows] + steps) // self._block_size, blocks)
+    def grow_ahead(self, steps: np.ndarray, rows: np.ndarray, new: np.ndarray) -> None:
+        """Put the blocks of `blocks_ahead` at once (`new`: those the rows' requests took for them, in that
+        order): in the same places as `grow` would iteration by iteration."""
+        self._put_blocks(rows, (self.pos[rows] + steps) // self._block_size, new)
         self.room += self._block_size * np.bincount(rows, minlength=len(self.reqs))
         self._grow_in = int((self.room - self.pos).min())
 

@@ -37,8 +37,9 @@ from itertrace.profiler.scheduling.budget import Budget, prefill_room
 from itertrace.profiler.scheduling.decision import Decision, Event, EventKind, Limit, Mode, SchedulerConfig, TokenEvents
 from itertrace.profiler.scheduling.kv import BlockManager
 from itertrace.profiler.scheduling.policies import WaitQueue, sort_key
-from itertrace.profiler.scheduling.postprocess import commit_decode_steps, commit_sampled, commit_tokens
+from itertrace.profiler.scheduling.postprocess import commit_sampled, commit_tokens
 from itertrace.profiler.scheduling.preemption import make_room, victim
+from itertrace.profiler.scheduling.stretch import Chunk, chunk_steps, commit_stretch, repeated_chunk
 from itertrace.profiler.scheduling.request import Phase, PreemptKind, Reason, Request
 
 __all__ = ["Decision", "Event", "EventKind", "Limit", "Mode", "Scheduler", "SchedulerConfig", "TokenEvents"]
@@ -71,6 +72,7 @@ class Scheduler:
         self._swap = SwapPlan()
         self._rows: DecodeRows | None = None  # the running decodes as arrays (None: rebuild)
         self._rows_run = 0  # how many leading rows of the last decision came from self._rows
+        self._chunk: Chunk | None = None  # the prompt chunk the stretch that bulk_steps counted repeats
         self._prefill_room = prefill_room(config)
         # False (set by the engine for a runner that never reads token ids): prefill chunks carry -1
         # for their tokens, so a synthetic prompt is never made (see tokenizer.SynthPrompt)
@@ -275,50 +277,40 @@ class Scheduler:
         n_rows, self._rows_run = self._rows_run, 0
         return commit_tokens(decision, tokens, iteration, self._rows, n_rows, events, self._finish)
 
-    # ---- iterations in bulk ------------------------------------------------------------------------
+    # ---- iterations in bulk (see stretch.py) ------------------------------------------------------------
     def bulk_steps(self, decision: Decision) -> int:
-        """How many iterations, `decision` (just scheduled, not yet run) first, run the decode rows and nothing
-        else before a row samples its last token (max_tokens); 0 when `decision` runs anything else.
+        """How many iterations, `decision` (just scheduled, not yet run) first, repeat it (the decode rows, and at
+        most one prompt chunk of the same size) before a row samples its last token (max_tokens) or the chunk
+        reaches its end; 0 when `decision` runs anything else.
 
-        Such iterations schedule the same rows, each one position further, with the same limit, until a
-        row finishes, a request arrives or is canceled, or a row needs a block the pool lacks: nothing
-        else moves. A queued request that could not start now cannot start then either: the token budget
-        left to it is the same, and the free blocks (less those promised to others, in preemption mode
-        "reject") only shrink as the rows grow. In static mode every live member must be a decode row.
+        Such iterations schedule the same rows, each one position further, the same chunk (its request started
+        in the first at most), with the same limit, until a row finishes, a request arrives or is canceled, or
+        the pool runs short: nothing else moves. A queued request that could not start now cannot start then either: the token budget left to
+        it is the same, and the free blocks (less those promised to others, in preemption mode "reject") only
+        shrink as the rows grow. In static mode every live member must be a decode row.
         """
-        rows = self._rows
-        if (rows is None or not len(rows) or self.events
-                or decision.batch.num_seqs != len(rows) or decision.prefill_tokens or decision.stalled_member_ids
-                or decision.swap.swap_out or decision.swap.swap_in
-                or decision.admitted or decision.resumed or decision.preempted or decision.rejected
-                or len(self.running) - len(decision.finished_member_ids) != len(rows)):
+        rows, self._chunk = self._rows, None
+        if (rows is None or not len(rows) or decision.stalled_member_ids
+                or decision.swap.swap_out or decision.swap.swap_in or decision.preempted or decision.rejected
+                or len(self.running) - len(decision.finished_member_ids) != len(decision.work)):
             return 0
-        return rows.steps_to_finish()
+        if decision.batch.num_seqs == len(rows) and not decision.prefill_tokens and not self.events:
+            return rows.steps_to_finish()  # (and so nothing was admitted or resumed)
+        self._chunk = repeated_chunk(decision, rows, self.events, self.config)
+        return min(rows.steps_to_finish(), chunk_steps(self._chunk)) if self._chunk else 0
 
     def commit_bulk(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """Commit at once the leading iterations of `tokens` ([steps, D]: the decode rows' tokens in iterations
         that `bulk_steps` counted, the one just scheduled first) up to the first where a row may stop on a
-        stop token or a row needs a block the pool lacks (it runs as usual: it preempts). Returns [n] KV
-        blocks allocated and [n] in use in each of the n iterations committed; None when n would be 0."""
-        rows, blocks = self._rows, self.blocks
-        steps = rows.first_stop(tokens)
-        block_steps, block_rows = rows.blocks_ahead(steps)  # this iteration's blocks are taken already
-        free = blocks.device.num_free
-        if len(block_rows) > free:
-            steps = int(block_steps[free])
-        if steps <= 0:
+        stop token or the pool lacks a block (it runs as usual: it preempts). Returns [n] KV blocks allocated
+        and [n] in use in each of the n iterations committed; None when n would be 0."""
+        done = commit_stretch(self._rows, self._chunk, self.blocks, tokens)
+        if done is None:
             return None
-        taken = int(block_steps.searchsorted(steps))
-        block_steps, block_rows = block_steps[:taken], block_rows[:taken]
-        allocated = np.bincount(block_steps, minlength=steps)
-        in_use = blocks.device.num_used + np.cumsum(allocated)
-        allocated[0] = blocks.allocated_this_iteration
-        if len(block_rows):
-            rows.grow_ahead(block_steps, block_rows, blocks)
-            if self._admission.reserved:
-                for i in np.unique(block_rows).tolist():
-                    self._admission.update(rows.reqs[i])
-        commit_decode_steps(rows, tokens[:steps])
+        allocated, in_use, grew = done
+        if self._admission.reserved:
+            for req in grew:
+                self._admission.update(req)
         self._rows_run = 0  # as postprocess leaves it
         return allocated, in_use
 

@@ -217,8 +217,11 @@ class RunRecord:
     def set_last_token(self, ids: np.ndarray, ts: int) -> None:
         self._last_token_ns[ids if self._dense_ids else self._ids.searchsorted(ids)] = ts
 
-    def tokens_in_bulk(self, ids: np.ndarray, iterations: np.ndarray, ends_ns: np.ndarray) -> None:
-        """Token times of rows that got a token in each of several iterations run at once (no first tokens)."""
+    def tokens_in_bulk(self, ids: np.ndarray, iterations: np.ndarray, ends_ns: np.ndarray,
+                       chunk: tuple[int, int, np.ndarray] | None = None) -> None:
+        """Token times of rows that got a token in each of several iterations run at once (no first tokens);
+        `chunk`: (request id, tokens, [iterations] start ns) of a prompt chunk run in each of them, whose events
+        after the first iteration's go out here too (the first's went out with the scheduler's events)."""
         self.set_last_token(ids, ends_ns[-1])
         if self.keep_tokens:
             end_ns, numbers = ends_ns.tolist(), iterations.tolist()
@@ -226,7 +229,7 @@ class RunRecord:
                 self.times[rid].token_ns.extend(end_ns)
                 self.times[rid].token_iterations.extend(numbers)
         if self.log is not None:
-            self.log.token_steps(ids, iterations, ends_ns)
+            self.log.token_steps(ids, iterations, ends_ns, chunk)
 
     # ---- run-log rows --------------------------------------------------------------------------------------
     def kv_counts(self) -> tuple[int, int, int]:

@@ -97,6 +97,8 @@ _REQUEST_ROW = operator.itemgetter(*REQUESTS.names)
 
 
 _MAX_PENDING = 2  # row groups handed to the writer thread and not yet written, at most
+_FEW_ROWS = 16  # iteration rows that came as columns but go in as rows (see RunLog.iterations)
+_ID_LISTS = {f.name for f in ITERATIONS if pa.types.is_list(f.type)}  # one id array every row of a part holds
 
 
 @dataclass
@@ -269,19 +271,38 @@ class RunLog:
         self._tables["events"].append((request_id, iteration, ts_ns, kind, reason, tokens))
 
     def iterations(self, columns: dict, n: int) -> None:
-        """`n` iteration rows at once, as columns (see _Table.append_columns)."""
-        self._tables["iterations"].append_columns(columns, n)
+        """`n` iteration rows at once, as columns (see _Table.append_columns). A few rows go in as rows: a
+        part of its own costs more to turn into a table than they do."""
+        table = self._tables["iterations"]
+        if n > _FEW_ROWS:
+            table.append_columns(columns, n)
+            return
+        arrays = {name: values.tolist() for name, values in columns.items()
+                  if type(values) is np.ndarray and name not in _ID_LISTS}
+        for i in range(n):
+            table.append(_ITERATION_ROW(columns | {name: values[i] for name, values in arrays.items()}))
 
     def token_events(self, request_ids: np.ndarray, iteration: int, ts_ns: int, first: np.ndarray) -> None:
         """One `first_token` or `token` event row per request id (tokens=1, no reason), all at `ts_ns`."""
         self._tables["events"].append_tokens(request_ids, iteration, ts_ns, first)
 
-    def token_steps(self, request_ids: np.ndarray, iterations: np.ndarray, ts_ns: np.ndarray) -> None:
+    def token_steps(self, request_ids: np.ndarray, iterations: np.ndarray, ts_ns: np.ndarray,
+                    chunk: tuple[int, int, np.ndarray] | None = None) -> None:
         """`token` rows (never a first token) of the same requests over several iterations: each request
-        id in every one of `iterations`, at that iteration's `ts_ns`, in that order."""
-        n = len(request_ids)
-        self._tables["events"].append_tokens(np.tile(request_ids, len(iterations)), np.repeat(iterations, n),
-                                             np.repeat(ts_ns, n), np.zeros(n * len(iterations), dtype=bool))
+        id in every one of `iterations`, at that iteration's `ts_ns`, in that order. `chunk`: (request id,
+        tokens, [iterations] start ns) of a prompt chunk run in each iteration, whose `prefill_chunk` row, at
+        the iteration's start, goes before the iteration's token rows in every iteration but the first."""
+        n, table = len(request_ids), self._tables["events"]
+        if chunk is None:
+            table.append_tokens(np.tile(request_ids, len(iterations)), np.repeat(iterations, n),
+                                np.repeat(ts_ns, n), np.zeros(n * len(iterations), dtype=bool))
+            return
+        request_id, tokens, starts_ns = chunk
+        kind, no_first = EventKind.PREFILL_CHUNK.value, np.zeros(n, dtype=bool)
+        for k, (iteration, start, end) in enumerate(zip(iterations.tolist(), starts_ns.tolist(), ts_ns.tolist())):
+            if k:
+                table.append((request_id, iteration, start, kind, None, tokens))
+            table.append_tokens(request_ids, iteration, end, no_first)
 
     def request(self, row: dict) -> None:
         self._tables["requests"].append(_REQUEST_ROW(row))

@@ -57,8 +57,9 @@ def test_event_rows_and_token_blocks_keep_their_order_across_row_groups(tmp_path
 
 
 def test_rows_in_bulk_land_where_the_same_rows_one_by_one_would(tmp_path):
-    """Iteration rows given as columns (stretches run in bulk) among rows given one by one, across row groups,
-    against the same rows all given one by one; the token rows given in bulk likewise."""
+    """Iteration rows given as columns (stretches run in bulk; a few of them go in as rows, many as a part of
+    columns) among rows given one by one, across row groups, against the same rows all given one by one; the
+    token rows given in bulk likewise, with a prompt chunk's row before each iteration's tokens but the first."""
     rng = random.Random(5)
     template = {name: 0 for name in ITERATIONS.names} | {"policy": "fcfs", "limit": "queue_empty", "simulated": True}
     one_by_one, in_bulk = RunLog(tmp_path / "a", rows_per_group=5), RunLog(tmp_path / "b", rows_per_group=5)
@@ -71,14 +72,17 @@ def test_rows_in_bulk_land_where_the_same_rows_one_by_one_would(tmp_path):
         in_bulk.iteration(row)
         one_by_one.token_events(members, iteration, iteration * 10, np.zeros(len(members), dtype=bool))
         in_bulk.token_events(members, iteration, iteration * 10, np.zeros(len(members), dtype=bool))
-        n = rng.randint(0, 7)
+        n = rng.choice([0, 1, 3, 7, 17, 30])
+        chunk = rng.choice([None, (int(members[0]) if len(members) else 7, 100)])
         numbers = np.arange(iteration + 1, iteration + 1 + n)
         for k in range(n):
             one_by_one.iteration(row | {"iteration": int(numbers[k]), "kv_in_use": k * k})
+            if chunk and k:
+                one_by_one.event(chunk[0], int(numbers[k]), int(numbers[k]) * 10 - 3, "prefill_chunk", None, chunk[1])
             one_by_one.token_events(members, int(numbers[k]), int(numbers[k]) * 10, np.zeros(len(members), dtype=bool))
         if n:
             in_bulk.iterations(row | {"iteration": numbers, "kv_in_use": np.arange(n) ** 2}, n)
-            in_bulk.token_steps(members, numbers, numbers * 10)
+            in_bulk.token_steps(members, numbers, numbers * 10, chunk and (*chunk, numbers * 10 - 3))
         iteration += n + 1
     one_by_one.close({})
     in_bulk.close({})
