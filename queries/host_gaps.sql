@@ -80,7 +80,8 @@ WITH
   idle AS MATERIALIZED (SELECT * FROM intervals_complement(ops, -9223372036854775808, 9223372036854775807)),
   spans AS MATERIALIZED (
     -- each process's idle spans once per track of it (a process without GPU work is idle throughout)
-    SELECT t.key, coalesce(i.start_ns, -9223372036854775808) AS start_ns, coalesce(i.end_ns, 9223372036854775807) AS end_ns
+    SELECT t.key, coalesce(i.start_ns, -9223372036854775808) AS start_ns,
+           coalesce(i.end_ns, 9223372036854775807) AS end_ns
     FROM (SELECT DISTINCT key, global_pid FROM gaps) AS t
     LEFT JOIN idle AS i ON i.key = t.global_pid
   ),
