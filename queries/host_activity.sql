@@ -26,7 +26,7 @@
 -- of its first child, and after each child's end until the next; consecutive pieces may belong to the
 -- same interval.
 --
--- @uses host_gaps, intervals, mapping, mapping_presets
+-- @uses host_gaps, intervals, mapping_presets
 
 -- Threads ranked per process and kind: those with phase ranges (nvtx) and those that launched GPU
 -- work (cuda), the one that launched the most first, then by global_tid. Every thread takes part.
@@ -40,12 +40,9 @@ WITH
     GROUP BY ALL
   ),
   leaf_threads AS (
-    SELECT DISTINCT r.global_pid, r.global_tid
-    FROM nvtx_ranges AS r
-    JOIN host_gaps_phase_names AS n ON n.text = r.text
-    WHERE r.range_kind <> 'start_end' AND (r.range_kind <> 'python_frame' OR mapping_phase_pattern() <> '')
-      AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
-      AND r.global_pid IN (SELECT global_pid FROM processes)
+    SELECT DISTINCT global_pid, global_tid
+    FROM host_gaps_phase_ranges
+    WHERE global_pid IN (SELECT global_pid FROM processes)
   )
 SELECT t.global_pid, t.global_tid, 'nvtx' AS level,
        (row_number() OVER (PARTITION BY t.global_pid ORDER BY coalesce(l.launches, 0) DESC, t.global_tid) - 1)::INTEGER
@@ -144,13 +141,10 @@ WITH
   ),
   last_ns AS (SELECT max(coalesce(end_ns, start_ns)) AS ts FROM nvtx_ranges),
   phases AS (
-    SELECT r.global_tid AS key, r.range_id AS id, r.global_pid, r.start_ns, r.end_ns, n.phase_rank AS cause_id
-    FROM nvtx_ranges AS r
-    JOIN host_gaps_phase_names AS n ON n.text = r.text
-    WHERE r.range_kind <> 'start_end' AND (r.range_kind <> 'python_frame' OR mapping_phase_pattern() <> '')
-      AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
-      AND r.global_tid IN (SELECT global_tid FROM ranks WHERE level = 'nvtx')
-      AND (r.end_ns IS NULL OR r.end_ns > r.start_ns)  -- a range of no length holds nothing and takes no time
+    SELECT global_tid AS key, range_id AS id, global_pid, start_ns, end_ns, phase_rank AS cause_id
+    FROM host_gaps_phase_ranges
+    WHERE global_tid IN (SELECT global_tid FROM ranks WHERE level = 'nvtx')
+      AND (end_ns IS NULL OR end_ns > start_ns)  -- a range of no length holds nothing and takes no time
   ),
   leaves AS (
     SELECT global_pid, global_tid, start_ns, end_ns, cause_id

@@ -139,6 +139,29 @@ SELECT text, phase, dense_rank() OVER (ORDER BY phase)::INTEGER AS phase_rank
 FROM names
 WHERE phase <> 'unattributed';
 
+-- The ranges of the host phases, on every thread: push/pop ranges (or stack frames) whose text is a
+-- phase's (host_gaps_phase_names), in the mapping's domain; start/end ranges, which may overlap, take
+-- no part, nor frames unless the mapping has a phase pattern (host_activity reads them too).
+CREATE VIEW host_gaps_phase_ranges (
+  -- The range (nvtx_ranges.range_id).
+  range_id,
+  -- Its process (nvtx_ranges.global_pid).
+  global_pid,
+  -- Its thread (nvtx_ranges.global_tid).
+  global_tid,
+  -- When it starts.
+  start_ns,
+  -- When it ends; NULL for a range still open when the capture stopped.
+  end_ns,
+  -- Its phase (host_gaps_phase_names.phase_rank).
+  phase_rank
+) AS
+SELECT r.range_id, r.global_pid, r.global_tid, r.start_ns, r.end_ns, n.phase_rank
+FROM nvtx_ranges AS r
+JOIN host_gaps_phase_names AS n ON n.text = r.text
+WHERE r.range_kind <> 'start_end' AND (r.range_kind <> 'python_frame' OR mapping_phase_pattern() <> '')
+  AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain());
+
 -- The host-phase leaves of the tracks' threads, those with device work (see the notes at the top of
 -- host_gaps.sql; what_if_overlap reads them too); a leaf still open when the capture stopped ends last.
 CREATE VIEW host_gaps_leaves (
@@ -153,13 +176,10 @@ CREATE VIEW host_gaps_leaves (
 ) AS
 WITH
   phases AS (
-    SELECT r.global_tid AS key, r.range_id AS id, r.start_ns, r.end_ns, n.phase_rank
-    FROM nvtx_ranges AS r
-    JOIN host_gaps_phase_names AS n ON n.text = r.text
-    WHERE r.range_kind <> 'start_end' AND (r.range_kind <> 'python_frame' OR mapping_phase_pattern() <> '')
-      AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
-      AND r.global_tid IN (SELECT global_tid FROM iterations_device WHERE device_start_ns IS NOT NULL)
-      AND (r.end_ns IS NULL OR r.end_ns > r.start_ns)  -- a range of no length holds nothing and takes no time
+    SELECT global_tid AS key, range_id AS id, start_ns, end_ns, phase_rank
+    FROM host_gaps_phase_ranges
+    WHERE global_tid IN (SELECT global_tid FROM iterations_device WHERE device_start_ns IS NOT NULL)
+      AND (end_ns IS NULL OR end_ns > start_ns)  -- a range of no length holds nothing and takes no time
   )
 SELECT key AS global_tid, start_ns, coalesce(end_ns, 9223372036854775807) AS end_ns, phase_rank
 FROM intervals_leaves(phases);
