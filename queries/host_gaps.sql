@@ -18,19 +18,18 @@
 -- still open when the capture stopped covers everything after its start. A range whose phase name
 -- would be `unattributed` is no phase: its time stays in the gap's one unattributed part.
 --
--- How the parts are computed (with joins that DuckDB runs on all cores, not per-row joins): the
--- idle pieces of a track's gaps are disjoint, and so are leaves, so a leaf and a piece overlap
--- exactly when the leaf starts inside the piece (then the piece is the latest one started at or
--- before the leaf) or the piece starts inside the leaf (then the leaf is the latest one started
--- before the piece). Each case is one ASOF join; the gaps are cut into idle pieces the same way,
--- against the complement of the union of the process's GPU work (intervals.sql does each of these).
--- A phase range is a leaf when the phase range that comes next on its thread (by start, longest
--- first) does not start before it ends: push/pop ranges nest, so the next one lies inside it exactly
--- when it starts before it ends (intervals_leaves). The overlaps are added up by (track, gap, phase), and each gap's
--- unattributed part is the gap less what its phases took. Gaps are keyed by their place on the
--- track (gap_seq), not by iteration: an iteration may be NULL, for a step the mapping cannot number.
--- host_gaps_parts lists the gaps in host_gaps' order, each gap's parts by phase name with
--- `unattributed` last.
+-- How the parts are computed (with joins that DuckDB runs on all cores, not per-row joins): the idle
+-- pieces of a track's gaps are disjoint, and so are leaves, so a leaf and a piece overlap exactly when
+-- the leaf starts inside the piece (then the piece is the latest one started at or before the leaf) or
+-- the piece starts inside the leaf (then the leaf is the latest one started before the piece). Each
+-- case is one ASOF join; the gaps are cut into idle pieces the same way, against the complement of the
+-- union of the process's GPU work (intervals.sql does each of these). A phase range is a leaf when the
+-- phase range that comes next on its thread (by start, longest first) does not start before it ends:
+-- push/pop ranges nest, so the next one lies inside it exactly when it starts before it ends
+-- (intervals_leaves). The overlaps are added up by (track, gap, phase), and each gap's unattributed
+-- part is the gap less what its phases took. Gaps are keyed by their place on the track (gap_seq), not
+-- by iteration: an iteration may be NULL, for a step the mapping cannot number. host_gaps_parts lists
+-- the gaps in host_gaps' order, each gap's parts by phase name with `unattributed` last.
 --
 -- @param limit BIGINT (>=0) How many gaps host_gaps_worst lists; 10 when not given.
 --
@@ -67,7 +66,7 @@ SELECT
 FROM ordered
 WHERE busy_until_ns IS NOT NULL;
 
--- The idle pieces of each gap: the gap less the union of its process's GPU work, as disjoint pieces per track.
+-- The idle pieces of each gap: the gap less the union of its process's GPU work, disjoint per track.
 CREATE VIEW _host_gaps_idle AS
 WITH
   gaps AS MATERIALIZED (
