@@ -144,7 +144,6 @@ WITH
     SELECT global_tid AS key, range_id AS id, global_pid, start_ns, end_ns, phase_rank AS cause_id
     FROM host_gaps_phase_ranges
     WHERE global_tid IN (SELECT global_tid FROM ranks WHERE level = 'nvtx')
-      AND (end_ns IS NULL OR end_ns > start_ns)  -- a range of no length holds nothing and takes no time
   ),
   leaves AS (
     SELECT global_pid, global_tid, start_ns, end_ns, cause_id

@@ -178,7 +178,6 @@ WITH
     SELECT global_tid AS key, range_id AS id, start_ns, end_ns, phase_rank
     FROM host_gaps_phase_ranges
     WHERE global_tid IN (SELECT global_tid FROM iterations_device WHERE device_start_ns IS NOT NULL)
-      AND (end_ns IS NULL OR end_ns > start_ns)  -- a range of no length holds nothing and takes no time
   )
 SELECT key AS global_tid, start_ns, coalesce(end_ns, 9223372036854775807) AS end_ns, phase_rank
 FROM intervals_leaves(phases);

@@ -8,17 +8,18 @@
 -- all cores, so a key with millions of intervals costs a sort, never a product.
 
 -- The leaves of nested ranges (push/pop ranges, stack frames) per key: the rows of `ranges` that hold
--- no other row of their key, with all their columns. `ranges` has `id` too, to order ranges that
--- start at one instant (longest first, then by id); end_ns NULL is a range still open, which holds
--- every range that starts after it. Ranges nest, so the range that comes next on the key (by start,
--- longest first) lies inside a range exactly when it starts before that range ends: a range is a
--- leaf when the next one does not.
+-- no other row of their key, with all their columns. `ranges` has `id` too, to order ranges that start
+-- at one instant (longest first, then by id); end_ns NULL is a range still open, which holds every
+-- range that starts after it. A range of no length holds nothing and is no leaf. Ranges nest, so the
+-- range that comes next on the key (by start, longest first) lies inside a range exactly when it starts
+-- before that range ends: a range is a leaf when the next one does not.
 CREATE MACRO intervals_leaves(ranges) AS TABLE
 SELECT * EXCLUDE (intervals_next_start_ns)
 FROM (
   SELECT *, lead(start_ns) OVER (PARTITION BY key ORDER BY start_ns, end_ns DESC NULLS FIRST, id)
               AS intervals_next_start_ns
   FROM query_table(ranges)
+  WHERE end_ns IS NULL OR end_ns > start_ns
 )
 WHERE intervals_next_start_ns IS NULL OR intervals_next_start_ns >= end_ns;
 

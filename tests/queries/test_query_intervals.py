@@ -44,15 +44,16 @@ def test_leaves_are_the_ranges_that_hold_no_other(con):
         (1, 5, 200, 300, "outer"), (1, 6, 200, 250, "inner"),
         # two ranges alike: the first by id holds the second
         (1, 8, 400, 410, "twin"), (1, 7, 400, 410, "twin"),
-        # an empty range holds nothing; one that ends where the next starts holds nothing
-        (1, 9, 500, 500, "empty"), (1, 10, 600, 650, "a"), (1, 11, 650, 700, "b"),
+        # a range of no length is none, even at the start of another; one that ends where the next starts
+        # holds nothing
+        (1, 9, 500, 500, "empty"), (1, 17, 500, 520, "after empty"), (1, 10, 600, 650, "a"), (1, 11, 650, 700, "b"),
         # key 2: an open range holds what starts after it, and what starts with it; the last is a leaf
         (2, 12, 0, None, "open"), (2, 13, 5, 10, "inside"), (2, 14, 20, None, "open"), (2, 15, 20, 25, "with it"),
         (3, 16, 0, None, "open, last"),
     ])
     assert rows(con, "SELECT key, id, start_ns, end_ns, phase FROM intervals_leaves(ranges)") == [
         (1, 3, 20, 30, "sample"), (1, 4, 50, 90, "forward"), (1, 6, 200, 250, "inner"), (1, 8, 400, 410, "twin"),
-        (1, 9, 500, 500, "empty"), (1, 10, 600, 650, "a"), (1, 11, 650, 700, "b"),
+        (1, 10, 600, 650, "a"), (1, 11, 650, 700, "b"), (1, 17, 500, 520, "after empty"),
         (2, 13, 5, 10, "inside"), (2, 15, 20, 25, "with it"), (3, 16, 0, None, "open, last"),
     ]
 
