@@ -1,14 +1,15 @@
 -- Host activity: what the host threads of each process that ran GPU work were doing, as disjoint pieces of time.
 --
 -- Notes. Three kinds (levels) of host interval take part. NVTX leaves: push/pop ranges (or stack
--- frames) matching the phase pattern (and domain) of the mapping, on any thread of the process, a
--- leaf being one that holds no other such range (host_gaps.sql's rule, so the same range is a phase
--- in both). CUDA API calls: the runtime and driver calls (CUDA's or HIP's) of the process's
--- launching threads (the threads whose calls launched GPU work), each clipped to the part that no
--- earlier call on its thread already covers (by start, longest first, then api_id), so that a
--- driver call inside a runtime call counts as the runtime call. Python frames: on a launching
--- thread of a trace with stack frames, the innermost frame at each instant (the function the thread
--- was in, `path(line): function`). On one thread each kind is disjoint.
+-- frames) matching the phase pattern (and domain) of the mapping, on any thread of the process, a leaf
+-- being one that holds no other such range (intervals_leaves, as host_gaps.sql finds them, so the same
+-- range is a phase in both; one still open when the capture stopped holds every range after its start,
+-- and runs to the last NVTX timestamp). CUDA API calls: the runtime and driver calls (CUDA's or HIP's)
+-- of the process's launching threads (the threads whose calls launched GPU work), each clipped to the
+-- part that no earlier call on its thread already covers (by start, longest first, then api_id), so
+-- that a driver call inside a runtime call counts as the runtime call. Python frames: on a launching
+-- thread of a trace with stack frames, the innermost frame at each instant (the function the thread was
+-- in, `path(line): function`). On one thread each kind is disjoint.
 -- At an instant where several are in flight, one wins: an NVTX leaf over any API call, an API call
 -- over a frame, and among threads, the one that launched the most GPU work (then the lower
 -- global_tid). Threads are ranked per process and per kind, and every thread takes part, however many
@@ -17,15 +18,15 @@
 -- sampling, the scheduler), so that an idle span reads as a line of the server's code.
 --
 -- How it is computed without comparing intervals pairwise: per process and kind, where one thread has
--- such intervals they are disjoint already and win as they are; where several do, a sweep in time
--- order finds the winner between two consecutive instants (a running XOR of bit strings, a bit per
--- thread). The kinds are then cut at every start and end of any of them, and each cut goes to the
--- highest kind in flight (one ASOF join per kind: a kind's pieces are disjoint). The innermost frame
--- comes from a sweep over each thread's frames: a frame is innermost from its start to the start of
--- its first child, and after each child's end until the next; consecutive pieces may belong to the
+-- such intervals they are disjoint already and win as they are; where several do, a sweep in time order
+-- finds the winner between two consecutive instants (a running XOR of bit strings, a bit per thread).
+-- The kinds are then cut at every start and end of any of them (intervals_cuts), and each cut goes to
+-- the highest kind in flight (one ASOF join per kind: a kind's pieces are disjoint). The innermost
+-- frame comes from a sweep over each thread's frames: a frame is innermost from its start to the start
+-- of its first child, and after each child's end until the next; consecutive pieces may belong to the
 -- same interval.
 --
--- @uses host_gaps, mapping, mapping_presets
+-- @uses host_gaps, intervals, mapping_presets
 
 -- Threads ranked per process and kind: those with phase ranges (nvtx) and those that launched GPU
 -- work (cuda), the one that launched the most first, then by global_tid. Every thread takes part.
@@ -39,12 +40,9 @@ WITH
     GROUP BY ALL
   ),
   leaf_threads AS (
-    SELECT DISTINCT r.global_pid, r.global_tid
-    FROM nvtx_ranges AS r
-    JOIN host_gaps_phase_names AS n ON n.text = r.text
-    WHERE r.range_kind <> 'start_end' AND (r.range_kind <> 'python_frame' OR mapping_phase_pattern() <> '')
-      AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
-      AND r.global_pid IN (SELECT global_pid FROM processes)
+    SELECT DISTINCT global_pid, global_tid
+    FROM host_gaps_phase_ranges
+    WHERE global_pid IN (SELECT global_pid FROM processes)
   )
 SELECT t.global_pid, t.global_tid, 'nvtx' AS level,
        (row_number() OVER (PARTITION BY t.global_pid ORDER BY coalesce(l.launches, 0) DESC, t.global_tid) - 1)::INTEGER
@@ -143,25 +141,15 @@ WITH
   ),
   last_ns AS (SELECT max(coalesce(end_ns, start_ns)) AS ts FROM nvtx_ranges),
   phases AS (
-    SELECT
-      r.global_pid,
-      r.global_tid,
-      r.start_ns,
-      coalesce(r.end_ns, (SELECT ts FROM last_ns)) AS end_ns,
-      n.phase_rank AS cause_id,
-      lead(r.start_ns) OVER (PARTITION BY r.global_tid ORDER BY r.start_ns, r.end_ns DESC NULLS FIRST, r.range_id)
-        AS next_start_ns
-    FROM nvtx_ranges AS r
-    JOIN host_gaps_phase_names AS n ON n.text = r.text
-    WHERE r.range_kind <> 'start_end' AND (r.range_kind <> 'python_frame' OR mapping_phase_pattern() <> '')
-      AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
-      AND r.global_tid IN (SELECT global_tid FROM ranks WHERE level = 'nvtx')
-      AND (r.end_ns IS NULL OR r.end_ns > r.start_ns)  -- a range of no length holds nothing and takes no time
+    SELECT global_tid AS key, range_id AS id, global_pid, start_ns, end_ns, phase_rank AS cause_id
+    FROM host_gaps_phase_ranges
+    WHERE global_tid IN (SELECT global_tid FROM ranks WHERE level = 'nvtx')
   ),
   leaves AS (
     SELECT global_pid, global_tid, start_ns, end_ns, cause_id
-    FROM phases
-    WHERE (next_start_ns IS NULL OR next_start_ns >= end_ns) AND end_ns > start_ns
+    FROM (SELECT global_pid, key AS global_tid, start_ns, coalesce(end_ns, (SELECT ts FROM last_ns)) AS end_ns, cause_id
+          FROM intervals_leaves(phases))
+    WHERE end_ns > start_ns
   ),
   calls AS (
     SELECT a.global_pid, a.global_tid, a.start_ns, a.end_ns, c.cause_id,
@@ -235,10 +223,8 @@ WITH
   nvtx AS (SELECT * FROM levels WHERE level = 'nvtx'),
   cuda AS (SELECT * FROM levels WHERE level = 'cuda'),
   python AS (SELECT * FROM levels WHERE level = 'python'),
-  instants AS (SELECT global_pid, start_ns AS ts FROM levels UNION SELECT global_pid, end_ns FROM levels),
-  cuts AS (
-    SELECT global_pid, ts AS start_ns, lead(ts) OVER (PARTITION BY global_pid ORDER BY ts) AS end_ns FROM instants
-  ),
+  spans AS (SELECT global_pid AS key, start_ns, end_ns FROM levels),
+  cuts AS (SELECT key AS global_pid, start_ns, end_ns FROM intervals_cuts(spans)),
   winners AS (
     SELECT
       c.global_pid, c.start_ns, c.end_ns,
@@ -250,7 +236,6 @@ WITH
     ASOF LEFT JOIN nvtx AS n ON n.global_pid = c.global_pid AND n.start_ns <= c.start_ns
     ASOF LEFT JOIN cuda AS u ON u.global_pid = c.global_pid AND u.start_ns <= c.start_ns
     ASOF LEFT JOIN python AS p ON p.global_pid = c.global_pid AND p.start_ns <= c.start_ns
-    WHERE c.end_ns > c.start_ns
   ),
   engine AS (
     SELECT f.global_tid, f.start_ns, f.end_ns, c.cause_id
@@ -282,15 +267,12 @@ CREATE VIEW host_activity (
   engine_frame
 ) AS
 WITH
-  intervals AS MATERIALIZED (SELECT global_pid, start_ns, end_ns FROM _host_activity_intervals),
-  instants AS (SELECT global_pid, start_ns AS ts FROM intervals UNION SELECT global_pid, end_ns FROM intervals),
-  cuts AS (
-    SELECT global_pid, ts AS start_ns, lead(ts) OVER (PARTITION BY global_pid ORDER BY ts) AS end_ns FROM instants
-  )
+  intervals AS MATERIALIZED (SELECT global_pid AS key, start_ns, end_ns FROM _host_activity_intervals),
+  cuts AS (SELECT key AS global_pid, start_ns, end_ns FROM intervals_cuts(intervals))
 SELECT p.global_pid, p.start_ns, p.end_ns, w.global_tid, c.cause_kind, c.cause, e.cause
 FROM cuts AS p
 ASOF JOIN _host_activity_won AS w ON w.global_pid = p.global_pid AND w.start_ns <= p.start_ns
 JOIN host_activity_causes AS c ON c.cause_id = w.cause_id
 LEFT JOIN host_activity_causes AS e ON e.cause_id = w.engine_frame_id
-WHERE p.end_ns IS NOT NULL AND w.end_ns > p.start_ns
+WHERE w.end_ns > p.start_ns
 ORDER BY p.global_pid, p.start_ns;

@@ -18,22 +18,22 @@
 -- still open when the capture stopped covers everything after its start. A range whose phase name
 -- would be `unattributed` is no phase: its time stays in the gap's one unattributed part.
 --
--- How the parts are computed (with joins that DuckDB runs on all cores, not per-row joins): the
--- idle pieces of a track's gaps are disjoint, and so are leaves, so a leaf and a piece overlap
--- exactly when the leaf starts inside the piece (then the piece is the latest one started at or
--- before the leaf) or the piece starts inside the leaf (then the leaf is the latest one started
--- before the piece). Each case is one ASOF join; the gaps are cut into idle pieces the same way.
--- A phase range is a leaf when the phase range that comes next on its thread (by start, longest
--- first) does not start before it ends: push/pop ranges nest, so the next one lies inside it exactly
--- when it starts before it ends. The overlaps are added up by (track, gap, phase), and each gap's
--- unattributed part is the gap less what its phases took. Gaps are keyed by their place on the
--- track (gap_seq), not by iteration: an iteration may be NULL, for a step the mapping cannot number.
--- host_gaps_parts lists the gaps in host_gaps' order, each gap's parts by phase name with
--- `unattributed` last.
+-- How the parts are computed (with joins that DuckDB runs on all cores, not per-row joins): the idle
+-- pieces of a track's gaps are disjoint, and so are leaves, so a leaf and a piece overlap exactly when
+-- the leaf starts inside the piece (then the piece is the latest one started at or before the leaf) or
+-- the piece starts inside the leaf (then the leaf is the latest one started before the piece). Each
+-- case is one ASOF join; the gaps are cut into idle pieces the same way, against the complement of the
+-- union of the process's GPU work (intervals.sql does each of these). A phase range is a leaf when the
+-- phase range that comes next on its thread (by start, longest first) does not start before it ends:
+-- push/pop ranges nest, so the next one lies inside it exactly when it starts before it ends
+-- (intervals_leaves). The overlaps are added up by (track, gap, phase), and each gap's unattributed
+-- part is the gap less what its phases took. Gaps are keyed by their place on the track (gap_seq), not
+-- by iteration: an iteration may be NULL, for a step the mapping cannot number. host_gaps_parts lists
+-- the gaps in host_gaps' order, each gap's parts by phase name with `unattributed` last.
 --
 -- @param limit BIGINT (>=0) How many gaps host_gaps_worst lists; 10 when not given.
 --
--- @uses iterations, mapping
+-- @uses intervals, iterations, mapping
 
 -- The gaps' bounds, in no particular order: from the latest device end on the track to the next
 -- device start. gap_seq, the gap's place on its track, is the key the views below join gaps on: an
@@ -66,57 +66,27 @@ SELECT
 FROM ordered
 WHERE busy_until_ns IS NOT NULL;
 
--- Per process, the time its GPU work keeps some device busy: the union of its operations on every
--- device and stream, as disjoint intervals.
-CREATE VIEW _host_gaps_busy AS
-WITH
-  ops AS (
-    SELECT
-      global_pid, start_ns, end_ns,
-      max(end_ns) OVER (PARTITION BY global_pid ORDER BY start_ns, end_ns
-                        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS busy_until_ns
-    FROM gpu_ops
-    WHERE end_ns > start_ns
-  ),
-  islands AS (
-    -- a running sum, not count(*) FILTER (...) OVER: DuckDB counts a filtered window anew for every row
-    SELECT *, sum((busy_until_ns IS NULL OR start_ns > busy_until_ns)::INTEGER)
-                OVER (PARTITION BY global_pid ORDER BY start_ns, end_ns ROWS UNBOUNDED PRECEDING) AS island
-    FROM ops
-  )
-SELECT global_pid, min(start_ns) AS start_ns, max(end_ns) AS end_ns
-FROM islands
-GROUP BY global_pid, island;
-
--- The idle pieces of each gap: the gap less its process's busy intervals, as disjoint pieces per track.
+-- The idle pieces of each gap: the gap less the union of its process's GPU work, disjoint per track.
 CREATE VIEW _host_gaps_idle AS
 WITH
-  gaps AS MATERIALIZED (SELECT * FROM _host_gaps_bounds WHERE gap_end_ns > gap_start_ns),
-  -- the process's idle spans: before its first busy interval, between two, after its last
-  idle AS MATERIALIZED (
-    SELECT global_pid, coalesce(lag(end_ns) OVER w, -9223372036854775808) AS start_ns, start_ns AS end_ns
-    FROM _host_gaps_busy
-    WINDOW w AS (PARTITION BY global_pid ORDER BY start_ns)
-    UNION ALL
-    SELECT global_pid, max(end_ns), 9223372036854775807 FROM _host_gaps_busy GROUP BY global_pid
+  gaps AS MATERIALIZED (
+    SELECT global_tid AS key, global_pid, gap_seq, gap_start_ns AS start_ns, gap_end_ns AS end_ns
+    FROM _host_gaps_bounds
+    WHERE gap_end_ns > gap_start_ns
   ),
+  -- the time a process's GPU work keeps some device busy: its operations on every device and stream
+  ops AS (SELECT global_pid AS key, start_ns, end_ns FROM gpu_ops),
+  idle AS MATERIALIZED (SELECT * FROM intervals_complement(ops, -9223372036854775808, 9223372036854775807)),
   spans AS MATERIALIZED (
     -- each process's idle spans once per track of it (a process without GPU work is idle throughout)
-    SELECT t.global_tid, t.global_pid, coalesce(i.start_ns, -9223372036854775808) AS start_ns,
+    SELECT t.key, coalesce(i.start_ns, -9223372036854775808) AS start_ns,
            coalesce(i.end_ns, 9223372036854775807) AS end_ns
-    FROM (SELECT DISTINCT global_tid, global_pid FROM gaps) AS t
-    LEFT JOIN idle AS i USING (global_pid)
-    WHERE i.end_ns IS NULL OR i.end_ns > i.start_ns
-  )
-SELECT g.global_tid, g.gap_seq, g.gap_start_ns AS start_ns, least(g.gap_end_ns, s.end_ns) AS end_ns
-FROM gaps AS g
-ASOF JOIN spans AS s ON s.global_tid = g.global_tid AND s.start_ns <= g.gap_start_ns
-WHERE g.gap_start_ns < s.end_ns
-UNION ALL
-SELECT g.global_tid, g.gap_seq, s.start_ns, least(g.gap_end_ns, s.end_ns)
-FROM spans AS s
-ASOF JOIN gaps AS g ON g.global_tid = s.global_tid AND g.gap_start_ns < s.start_ns
-WHERE s.start_ns < g.gap_end_ns;
+    FROM (SELECT DISTINCT key, global_pid FROM gaps) AS t
+    LEFT JOIN idle AS i ON i.key = t.global_pid
+  ),
+  pieces AS (SELECT key, gap_seq, start_ns, end_ns FROM gaps)
+SELECT key AS global_tid, gap_seq, start_ns, end_ns
+FROM intervals_intersect(pieces, spans);
 
 -- The gaps, in no particular order (host_gaps sorts them), each with its idle time.
 CREATE VIEW _host_gaps_unordered AS
@@ -168,6 +138,29 @@ SELECT text, phase, dense_rank() OVER (ORDER BY phase)::INTEGER AS phase_rank
 FROM names
 WHERE phase <> 'unattributed';
 
+-- The ranges of the host phases, on every thread: push/pop ranges (or stack frames) whose text is a
+-- phase's (host_gaps_phase_names), in the mapping's domain; start/end ranges, which may overlap, take
+-- no part, nor frames unless the mapping has a phase pattern (host_activity reads them too).
+CREATE VIEW host_gaps_phase_ranges (
+  -- The range (nvtx_ranges.range_id).
+  range_id,
+  -- Its process (nvtx_ranges.global_pid).
+  global_pid,
+  -- Its thread (nvtx_ranges.global_tid).
+  global_tid,
+  -- When it starts.
+  start_ns,
+  -- When it ends; NULL for a range still open when the capture stopped.
+  end_ns,
+  -- Its phase (host_gaps_phase_names.phase_rank).
+  phase_rank
+) AS
+SELECT r.range_id, r.global_pid, r.global_tid, r.start_ns, r.end_ns, n.phase_rank
+FROM nvtx_ranges AS r
+JOIN host_gaps_phase_names AS n ON n.text = r.text
+WHERE r.range_kind <> 'start_end' AND (r.range_kind <> 'python_frame' OR mapping_phase_pattern() <> '')
+  AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain());
+
 -- The host-phase leaves of the tracks' threads, those with device work (see the notes at the top of
 -- host_gaps.sql; what_if_overlap reads them too); a leaf still open when the capture stopped ends last.
 CREATE VIEW host_gaps_leaves (
@@ -182,43 +175,26 @@ CREATE VIEW host_gaps_leaves (
 ) AS
 WITH
   phases AS (
-    SELECT
-      r.global_tid,
-      r.start_ns,
-      coalesce(r.end_ns, 9223372036854775807) AS end_ns,
-      n.phase_rank,
-      lead(r.start_ns) OVER (PARTITION BY r.global_tid ORDER BY r.start_ns, r.end_ns DESC NULLS FIRST, r.range_id)
-        AS next_start_ns
-    FROM nvtx_ranges AS r
-    JOIN host_gaps_phase_names AS n ON n.text = r.text
-    WHERE r.range_kind <> 'start_end' AND (r.range_kind <> 'python_frame' OR mapping_phase_pattern() <> '')
-      AND (mapping_domain() IS NULL OR r.domain_name = mapping_domain())
-      AND r.global_tid IN (SELECT global_tid FROM iterations_device WHERE device_start_ns IS NOT NULL)
-      AND (r.end_ns IS NULL OR r.end_ns > r.start_ns)  -- a range of no length holds nothing and takes no time
+    SELECT global_tid AS key, range_id AS id, start_ns, end_ns, phase_rank
+    FROM host_gaps_phase_ranges
+    WHERE global_tid IN (SELECT global_tid FROM iterations_device WHERE device_start_ns IS NOT NULL)
   )
-SELECT global_tid, start_ns, end_ns, phase_rank
-FROM phases
-WHERE next_start_ns IS NULL OR next_start_ns >= end_ns;
+SELECT key AS global_tid, start_ns, coalesce(end_ns, 9223372036854775807) AS end_ns, phase_rank
+FROM intervals_leaves(phases);
 
 -- Every (idle piece of a gap, leaf) overlap, with its length: a leaf starting inside a piece, or a
 -- piece starting inside a leaf (at one instant, the leaf counts as starting inside the piece).
 CREATE VIEW _host_gaps_overlaps AS
 WITH
+  leaves AS (SELECT global_tid AS key, start_ns, end_ns, phase_rank FROM host_gaps_leaves),
   pieces AS (
-    SELECT i.global_tid, b.iteration, i.gap_seq, i.start_ns, i.end_ns
+    SELECT i.global_tid AS key, b.iteration, i.gap_seq, i.start_ns, i.end_ns
     FROM _host_gaps_idle AS i
     JOIN _host_gaps_bounds AS b USING (global_tid, gap_seq)
     WHERE i.end_ns > i.start_ns
   )
-SELECT g.global_tid, g.iteration, g.gap_seq, l.phase_rank, least(l.end_ns, g.end_ns) - l.start_ns AS overlap_ns
-FROM host_gaps_leaves AS l
-ASOF JOIN pieces AS g ON g.global_tid = l.global_tid AND g.start_ns <= l.start_ns
-WHERE l.start_ns < g.end_ns
-UNION ALL
-SELECT g.global_tid, g.iteration, g.gap_seq, l.phase_rank, least(l.end_ns, g.end_ns) - g.start_ns
-FROM pieces AS g
-ASOF JOIN host_gaps_leaves AS l ON l.global_tid = g.global_tid AND l.start_ns < g.start_ns
-WHERE l.end_ns > g.start_ns;
+SELECT key AS global_tid, iteration, gap_seq, phase_rank, end_ns - start_ns AS overlap_ns
+FROM intervals_intersect(leaves, pieces);
 
 -- host_gaps_parts, with each gap's gap_seq (the key the summaries below join gaps on).
 CREATE VIEW _host_gaps_parts_keyed AS
