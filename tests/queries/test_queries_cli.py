@@ -13,6 +13,7 @@ import pytest
 
 from itertrace.cli import main
 from itertrace.queries.catalog import queries
+from query_fixtures import create_statements
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -32,6 +33,17 @@ def run_only_db(tmp_path_factory):
                      "--out", str(run), "--format", "json"]) == 0
     db = folder / "run.duckdb"
     ingest([run], db)
+    return db
+
+
+@pytest.fixture(scope="module")
+def capture_only_db(tmp_path_factory):
+    """A database with a capture's tables only (empty), as ingesting a capture without its run directory gives."""
+    db = tmp_path_factory.mktemp("capture_only") / "capture.duckdb"
+    with duckdb.connect(str(db)) as con:
+        for statement in create_statements():
+            if not statement.split()[2].startswith("run_"):
+                con.execute(statement)
     return db
 
 
@@ -104,7 +116,11 @@ def test_install_writes_documented_views_any_duckdb_client_can_read(capsys, run_
                                  WHERE table_name = 'membership' AND column_name = 'state'""").fetchall()
         views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
     assert comment[0][0].startswith("'working'")
-    assert "host_gaps" not in views  # the run-only database has no trace tables to build it on
+    # a run directory alone: the trace views over the capture its log stands for, written beside the log's
+    assert {"host_gaps", "nvtx_ranges", "what_if_overlap"} <= views
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM host_gaps").fetchall() == \
+            con.execute("SELECT count(*) - 1 FROM run_iterations WHERE device_start_ns IS NOT NULL").fetchall()
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -119,9 +135,9 @@ def test_install_writes_documented_views_any_duckdb_client_can_read(capsys, run_
     (["query", "fairness", "--db", "{db}", "--param", "repeat_threshold=x"], "must be an integer"),
     (["query", "membership", "--db", "{db}", "--format", "parquet"], "--format parquet needs --out FILE"),
     (["query", "membership", "--db", "{db}", "--format", "xml"], "invalid choice: 'xml'"),
-    (["query", "host_gaps", "--db", "{db}"], "query host_gaps needs table nvtx_ranges"),
+    (["query", "membership", "--db", "{capture}"], "query membership needs table run_iterations"),
     (["query", "membership", "--db", "{notdb}"], "not a DuckDB database"),
-    (["sql", "--db", "{db}", "SELECT * FROM host_gaps"], "view host_gaps is not available"),
+    (["sql", "--db", "{capture}", "SELECT * FROM membership"], "view membership is not available"),
     (["sql", "--db", "{db}", "SELEC 1"], "syntax error"),
     (["query", "iterations", "--db", "{db}", "--param", "preset=other"], "preset must be one of auto, generic, itertrace, sglang, vllm"),
     (["sql", "--db", "{db}", "--param", "step_pattern=((", "SELECT 1"],
@@ -136,10 +152,11 @@ def test_install_writes_documented_views_any_duckdb_client_can_read(capsys, run_
     (["sql", "--db", "{db}", "-- a comment"], "no rows to show"),
     (["query", "membership", "--db", "{db}", "--format", "csv", "--out", "{db}"], "is the database itself"),
 ])
-def test_bad_input_gets_one_line_and_status_2(capsys, run_only_db, tmp_path, argv, message):
+def test_bad_input_gets_one_line_and_status_2(capsys, run_only_db, capture_only_db, tmp_path, argv, message):
     notdb = tmp_path / "notes.txt"
     notdb.write_text("not a database\n")
-    argv = [a.format(db=run_only_db, missing=tmp_path / "none.duckdb", notdb=notdb) for a in argv]
+    argv = [a.format(db=run_only_db, capture=capture_only_db, missing=tmp_path / "none.duckdb", notdb=notdb)
+            for a in argv]
     rc, out, err = _run(capsys, *argv)
     assert rc == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and err.startswith("itertrace: error: "), err
