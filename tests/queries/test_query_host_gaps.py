@@ -306,33 +306,24 @@ def test_gap_inside_one_phase_is_all_that_phase(trace, forward_end):
     ]
 
 
-def test_phase_whose_inner_phase_starts_after_the_gap_is_no_leaf(trace):
-    # Step 2's forward holds a sample that starts after the gap [120, 250) ended: forward is still no
-    # leaf, so its part of the gap, 220..250, is unattributed.
+@pytest.mark.parametrize("inner, forward_ns", [
+    # a sample inside step 2's forward that starts after the gap [120, 250) ended: forward is still no leaf,
+    # so its part of the gap, 220..250, is unattributed and forward keeps 120..150 of step 1's forward only
+    ((260, 270), 30),
+    # a sample of no length at the very start of step 2's forward (a phase that took under the clock's
+    # tick) holds nothing and lies inside nothing: forward stays a leaf, 120..150 and 220..250
+    ((220, 220), 60),
+], ids=["later", "no_length"])
+def test_a_phase_is_a_leaf_unless_a_phase_of_some_length_lies_inside_it(trace, inner, forward_ns):
     tables = {**GPU_THREE_STEPS, "nvtx_ranges": GPU_THREE_STEPS["nvtx_ranges"] + [
-        phase(12, "sample", 260, 270, 11, depth=2)]}
+        phase(12, "sample", *inner, 11, depth=2)]}
     trace.load(tables)
     assert trace.query("host_gaps_parts") == [
         (TID_A, 1, "unattributed", 0),
-        (TID_A, 2, "forward", 30),  # 120..150 of step 1's forward only
+        (TID_A, 2, "forward", forward_ns),
         (TID_A, 2, "sample", 40),
         (TID_A, 2, "schedule", 20),
-        (TID_A, 2, "unattributed", 40),
-    ]
-
-
-def test_a_phase_of_no_length_holds_nothing(trace):
-    # A sample range of no length at the very start of step 2's forward (a phase that took under the
-    # clock's tick): forward stays a leaf, and the gap's parts are those without it.
-    tables = {**GPU_THREE_STEPS, "nvtx_ranges": GPU_THREE_STEPS["nvtx_ranges"] + [
-        phase(12, "sample", 220, 220, 11, depth=2)]}
-    trace.load(tables)
-    assert trace.query("host_gaps_parts") == [
-        (TID_A, 1, "unattributed", 0),
-        (TID_A, 2, "forward", 60),  # 120..150 of step 1's forward, 220..250 of step 2's
-        (TID_A, 2, "sample", 40),
-        (TID_A, 2, "schedule", 20),
-        (TID_A, 2, "unattributed", 10),
+        (TID_A, 2, "unattributed", 130 - forward_ns - 40 - 20),
     ]
 
 
