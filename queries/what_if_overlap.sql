@@ -38,7 +38,7 @@
 --
 -- @param hide VARCHAR Host phases to hide behind the device: phase names as host_gaps_parts names them, comma-separated; schedule,prepare when not given; empty for none.
 --
--- @uses host_gaps, iterations, request_latency
+-- @uses host_gaps, intervals, iterations, request_latency
 
 -- The phases to hide: the `hide` parameter as a list of names, blanks and repeats dropped.
 CREATE MACRO _what_if_overlap_hide() AS list_distinct(list_filter(
@@ -100,35 +100,24 @@ FROM host_gaps_leaves AS l
 WHERE l.phase_rank IN (
   SELECT phase_rank FROM host_gaps_phase_names WHERE phase IN (SELECT phase FROM _what_if_overlap_hidden_phases));
 
--- Per period, the time of its hidden leaves outside its device interval. Periods on a track are
--- disjoint, and so are leaves, so a leaf and a period overlap exactly when the leaf starts inside the
--- period or the period starts inside the leaf: one ASOF join each, as host_gaps.sql joins leaves and gaps.
+-- Per period, the time of its hidden leaves outside its device interval: the overlaps of the leaves and
+-- the periods (both disjoint on a track; intervals.sql), less what of each lies in the device interval.
 CREATE VIEW _what_if_overlap_hidden AS
 WITH
   periods AS (
-    SELECT global_tid, step_range_id, period_start_ns AS start_ns, host_end_ns AS end_ns, device_from_ns, device_to_ns
+    SELECT global_tid AS key, step_range_id, period_start_ns AS start_ns, host_end_ns AS end_ns, device_from_ns,
+           device_to_ns
     FROM _what_if_overlap_periods
     WHERE host_end_ns > period_start_ns
   ),
-  pairs AS (
-    SELECT p.global_tid, p.step_range_id, p.start_ns, p.end_ns, p.device_from_ns, p.device_to_ns,
-           l.start_ns AS leaf_start_ns, l.end_ns AS leaf_end_ns
-    FROM _what_if_overlap_hidden_leaves AS l
-    ASOF JOIN periods AS p ON p.global_tid = l.global_tid AND p.start_ns <= l.start_ns
-    WHERE l.start_ns < p.end_ns
-    UNION ALL
-    SELECT p.global_tid, p.step_range_id, p.start_ns, p.end_ns, p.device_from_ns, p.device_to_ns, l.start_ns, l.end_ns
-    FROM periods AS p
-    ASOF JOIN _what_if_overlap_hidden_leaves AS l ON l.global_tid = p.global_tid AND l.start_ns < p.start_ns
-    WHERE l.end_ns > p.start_ns
-  )
+  leaves AS (SELECT global_tid AS key, start_ns, end_ns FROM _what_if_overlap_hidden_leaves)
 SELECT
-  global_tid,
+  key AS global_tid,
   step_range_id,
-  sum(least(leaf_end_ns, end_ns) - greatest(leaf_start_ns, start_ns)
-      - greatest(0, least(leaf_end_ns, device_to_ns) - greatest(leaf_start_ns, device_from_ns)))::BIGINT AS hidden_ns
-FROM pairs
-GROUP BY global_tid, step_range_id;
+  sum(end_ns - start_ns - greatest(0, least(end_ns, device_to_ns) - greatest(start_ns, device_from_ns)))::BIGINT
+    AS hidden_ns
+FROM intervals_intersect(leaves, periods)
+GROUP BY ALL;
 
 -- Per iteration with a device interval: its measured time, and the time predicted if each iteration's `hide` phases ran while the one before it works on the device: max(device_ns, hidden_next_ns) + exposed_ns. The model in full, with the first iteration and idle stretches: the comment at the top of queries/what_if_overlap.sql.
 CREATE VIEW what_if_overlap (
