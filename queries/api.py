@@ -20,8 +20,8 @@ from itertrace.errors import UserError
 from itertrace.interrupts import quiet_progress
 from itertrace.ingest.plans import prefer_sort_based_joins
 from itertrace.queries.catalog import SOURCE_TABLES, Query, all_params, definitions, needed, queries
-from itertrace.queries.library import (ERROR_KIND, available, check_sources, create, first_line, missing_name, names_read,
-                                       source_tables, stored_bodies, tables)
+from itertrace.queries.library import (ERROR_KIND, RUN_LOG_TABLES, available, check_sources, create, first_line,
+                                       missing_name, names_read, source_tables, stored_bodies, tables)
 from itertrace.queries.suggest import MappingChoice, choose_mapping
 
 if TYPE_CHECKING:
@@ -144,8 +144,13 @@ class QueryDB:
         self._choice: MappingChoice | None | bool = False  # False until the mapping is chosen
         self._stored: dict[str, str] | None = None
         try:
-            self.missing = self._prepared(source_tables, self.session)
-            self._prepared(check_sources, self.session, self.missing)
+            # the source tables the library lacks here; where it rebuilt a capture from the run log, those tables
+            # are there for the queries but `missing` still names them: the database itself recorded none
+            held = self._prepared(tables, self.session)
+            self.lacking = self._prepared(source_tables, self.session)
+            rebuilt = RUN_LOG_TABLES - held if "nvtx_ranges" not in held else set()
+            self.missing = {**self.lacking, **{t: SOURCE_TABLES[t] for t in sorted(rebuilt)}}
+            self._prepared(check_sources, self.session, self.lacking)
             set_params(self.session, self.params)
             if MAPPING_VARIABLES & set(self.params):  # a preset that does not fit is refused at once
                 self._choose()
@@ -178,7 +183,7 @@ class QueryDB:
         """Choose the mapping (queries.suggest), once: the views that read it read the variables it sets."""
         if self._choice is False:
             self._choice = None
-            if "nvtx_ranges" not in self.missing:
+            if "nvtx_ranges" not in self.lacking:
                 self.need(_CHOOSING)
                 self._choice = choose_mapping(self.session, self.params)
         return self._choice
@@ -188,7 +193,7 @@ class QueryDB:
         defs = [d for d in needed(names) if d.name not in self.installed]
         if not defs:
             return
-        self.installed |= self._prepared(create, self.session, defs, self.missing)
+        self.installed |= self._prepared(create, self.session, defs, self.lacking)
         if any(MAPPING_VARIABLES & d.variables for d in defs):
             self._choose()
 
@@ -206,21 +211,21 @@ class QueryDB:
                 return work(self.session)
             except duckdb.Error as exc:
                 name = missing_name(exc)
-                if name not in definitions() or name in self.installed or not available(name, self.missing):
+                if name not in definitions() or name in self.installed or not available(name, self.lacking):
                     raise
                 self.need([name])
 
     def tables(self) -> set[str]:
         """The database's tables and views, and the library's views it can hold."""
         return tables(self.session) | {d.name for d in definitions().values()
-                                       if d.kind == "VIEW" and available(d.name, self.missing)}
+                                       if d.kind == "VIEW" and available(d.name, self.lacking)}
 
     def mapping_note(self) -> str | None:
         """Why the trace views come out empty when the mapping matches nothing here: one line, or None.
 
         None too where auto found no iteration range: its own line (mapping_choice.note) says so.
         """
-        if "nvtx_ranges" in self.missing or (self.mapping_choice is not None and not self.mapping_choice.ranges):
+        if "nvtx_ranges" in self.lacking or (self.mapping_choice is not None and not self.mapping_choice.ranges):
             return None
         steps, timed = self.rows("SELECT count(*), count(device_start_ns) FROM iterations_device")[0]
         if not steps:
@@ -237,7 +242,7 @@ class QueryDB:
         if query is None:
             raise UserError(f"unknown query {name!r}; `itertrace query --list` lists them")
         for table in query.tables:
-            if table in self.missing:
+            if table in self.lacking:
                 raise UserError(f"{self.path}: query {name} needs table {table}, which this database does not have "
                                 f"(it comes from {SOURCE_TABLES[table]})")
         if query.uses_mapping:
@@ -267,7 +272,7 @@ class QueryDB:
     def explain(self, exc: duckdb.Error) -> str:
         """One line for a statement that failed here."""
         return (out_of_memory(exc, self.memory_limit) or self._wrong_source(exc)
-                or _explain(exc, self.missing, self.path))
+                or _explain(exc, self.lacking, self.path))
 
     def _wrong_source(self, exc: duckdb.Error) -> str | None:
         """For a statement that failed binding: the source table that is not as `itertrace ingest` makes it, found

@@ -50,15 +50,17 @@ def install(con: duckdb.DuckDBPyConnection, *, persist: bool = False) -> dict[st
 
 def source_tables(con: duckdb.DuckDBPyConnection, *, persist: bool = False) -> dict[str, str]:
     """The source tables this database lacks, each with what comes from it; an empty table stands in for each
-    optional one that a capture ingested before it existed lacks (temporary unless `persist`)."""
+    optional one that a capture ingested before it existed lacks (temporary unless `persist`). In a session
+    (not `persist`) over a run directory without a capture, the capture its log stands for is created as
+    temporary views (RUN_LOG_CAPTURE), so those tables are not lacking."""
     present = tables(con)
     missing = {t: SOURCE_TABLES[t] for t in SOURCE_TABLES if t not in present}
     if persist and len(missing) == len(SOURCE_TABLES):  # not an itertrace database: write nothing into it
         raise UserError(f"{NOT_INGESTED}; nothing to install")
-    if "nvtx_ranges" not in present and "run_iterations" in present:  # a run without a capture: rebuild it
+    if not persist and "nvtx_ranges" not in present and "run_iterations" in present:  # a run alone: rebuild its capture
         for statement in RUN_LOG_CAPTURE.read_text().split(";\n\n"):
             if statement.strip():
-                con.execute(statement.replace("{temp}", "" if persist else "TEMP"))
+                con.execute(statement)
         missing = {t: why for t, why in missing.items() if t not in RUN_LOG_TABLES}
         present |= RUN_LOG_TABLES
     if "nvtx_ranges" in present:  # a capture ingested before these tables existed

@@ -17,9 +17,10 @@
 --   request, `finish` when it ended, and `tokens` marks that say from which iteration each request
 --   gets a token and from which it stops (one mark per change).
 -- No GPU work: gpu_ops, cuda_api and nvtx_gpu_projection are empty, as on a capture of a CPU run.
--- {temp} is TEMP, or nothing where the views go into the database file.
+-- They are views of the session only (`query --install` writes none of them into the file), and a
+-- QueryDB's `missing` still names these tables: the database itself recorded no capture.
 
-CREATE {temp} VIEW nvtx_ranges AS
+CREATE TEMP VIEW nvtx_ranges AS
 WITH
   meta AS (SELECT coalesce(try_cast(json_extract(any_value(config_json), '$.overlap') AS BOOLEAN), false) AS overlap
            FROM run_meta),
@@ -62,7 +63,7 @@ SELECT
   depth::INTEGER AS depth
 FROM ranges;
 
-CREATE {temp} VIEW nvtx_marks AS
+CREATE TEMP VIEW nvtx_marks AS
 WITH
   tokens AS (
     SELECT DISTINCT request_id, iteration FROM run_events WHERE kind IN ('first_token', 'token')
@@ -92,7 +93,7 @@ SELECT
   NULL::UINTEGER AS uint32_value, NULL::DOUBLE AS double_value, NULL::FLOAT AS float_value, NULL::VARCHAR AS json_text
 FROM marks;
 
-CREATE {temp} VIEW gpu_ops AS
+CREATE TEMP VIEW gpu_ops AS
 SELECT NULL::BIGINT AS gpu_op_id, NULL::VARCHAR AS kind, NULL::BIGINT AS start_ns, NULL::BIGINT AS end_ns,
        NULL::BIGINT AS dur_ns, NULL::VARCHAR AS name, NULL::VARCHAR AS short_name, NULL::BIGINT AS device_id,
        NULL::BIGINT AS context_id, NULL::BIGINT AS stream_id, NULL::BIGINT AS correlation_id,
@@ -100,14 +101,14 @@ SELECT NULL::BIGINT AS gpu_op_id, NULL::VARCHAR AS kind, NULL::BIGINT AS start_n
        NULL::VARCHAR AS launch_type
 WHERE false;
 
-CREATE {temp} VIEW cuda_api AS
+CREATE TEMP VIEW cuda_api AS
 SELECT NULL::BIGINT AS api_id, NULL::BIGINT AS start_ns, NULL::BIGINT AS end_ns, NULL::BIGINT AS dur_ns,
        NULL::VARCHAR AS name, NULL::BIGINT AS event_class, NULL::VARCHAR AS event_class_name,
        NULL::BIGINT AS global_tid, NULL::BIGINT AS global_pid, NULL::BIGINT AS pid, NULL::BIGINT AS tid,
        NULL::BIGINT AS correlation_id, NULL::BIGINT AS return_value
 WHERE false;
 
-CREATE {temp} VIEW nvtx_gpu_projection AS
+CREATE TEMP VIEW nvtx_gpu_projection AS
 SELECT NULL::BIGINT AS range_id, NULL::BIGINT AS gpu_start_ns, NULL::BIGINT AS gpu_end_ns,
        NULL::BIGINT AS gpu_dur_ns, NULL::BIGINT AS gpu_op_count, NULL::BIGINT AS launch_count
 WHERE false;
