@@ -281,15 +281,21 @@ def test_the_capture_and_the_run_log_agree(overlap, tmp_path):
     hide = None if overlap else HIDDEN
     traced, logged = from_capture(done.db, done.run_dir, hide), from_run_dir(done.run_dir, hide)
     assert traced["output_tokens"] == logged["output_tokens"] > 0 and traced["tokens"] == logged["tokens"]
-    assert traced["wall_s"] == pytest.approx(logged["wall_s"], rel=0.05)
     assert traced["forward_passes"] == logged["forward_passes"] > 0
-    assert traced["device_s"] == pytest.approx(logged["device_s"], rel=0.05)
+    # the totals (wall_s, device_s) add up per-iteration times, in which an OS stall of a loaded machine lands
+    # on one side only; each iteration's host and device time is compared instead, as the gaps are
+    steps = "SELECT iteration, host_dur_ns, device_dur_ns FROM iterations WHERE device_start_ns IS NOT NULL"
     with QueryDB(done.db, params={"hide": ",".join(HIDDEN)}) as q:
         gaps = dict(q.rows("SELECT iteration, gap_ns FROM host_gaps"))
         ends = dict(q.rows("SELECT iteration, predicted_end_ns FROM what_if_overlap"))
+        traced_steps = sorted(q.rows(steps))
     with QueryDB(done.run_dir.with_name("run.duckdb"), params={"hide": ",".join(HIDDEN)}) as q:  # from_run_dir's
         logged_gaps = dict(q.rows("SELECT iteration, gap_ns FROM host_gaps"))
         logged_ends = dict(q.rows("SELECT iteration, predicted_end_ns FROM what_if_overlap")) if not overlap else {}
+        logged_steps = sorted(q.rows(steps))
+    assert [s[0] for s in traced_steps] == [s[0] for s in logged_steps]
+    for column in (1, 2):
+        assert within_nvtx_overhead([s[column] for s in traced_steps], [s[column] for s in logged_steps]), column
     assert sorted(gaps) == sorted(logged_gaps)
     assert within_nvtx_overhead([gaps[i] for i in sorted(gaps)], [logged_gaps[i] for i in sorted(gaps)])
     if not overlap:
