@@ -25,6 +25,13 @@ from itertrace.profiler.scheduling.request import Phase, Reason, Request
 Finish = Callable[[Request, Phase, Reason, int], None]
 
 
+def check_tokens(decision: Decision, tokens: np.ndarray, iteration: int) -> None:
+    """One token per sampled row, or an error."""
+    if len(tokens) != len(decision.batch.sampled_ids):
+        raise ValueError(f"iteration {iteration}: {len(tokens)} tokens for {len(decision.batch.sampled_ids)} "
+                         "sampled sequences")
+
+
 def commit_tokens(decision: Decision, tokens: np.ndarray, iteration: int, rows: DecodeRows | None, n_rows: int,
                   events: list[Event | TokenEvents], finish: Finish) -> list[Request]:
     """Commit the iteration's work and sampled tokens; returns the requests that finished.
