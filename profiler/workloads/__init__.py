@@ -237,14 +237,14 @@ def _in_range(ns: int) -> int:
 
 
 def _azure_timestamp_ns(text: object) -> int:
-    """'2023-11-16 18:17:03.9799600' (UTC, 100 ns digits) to integer ns since the Unix epoch."""
+    """An Azure TIMESTAMP, 'YYYY-MM-DD HH:MM:SS.fffffff' (UTC, 100 ns digits), to integer ns since the Unix epoch."""
     whole, _, frac = str(text).strip().partition(".")
     try:
         secs = calendar.timegm(time.strptime(whole, "%Y-%m-%d %H:%M:%S"))
     except ValueError:
-        raise ValueError("expected a time like 2023-11-16 18:17:03.9799600") from None
+        raise ValueError("expected a time like YYYY-MM-DD HH:MM:SS.fffffff") from None
     if frac and not frac.isdigit():
-        raise ValueError("expected a time like 2023-11-16 18:17:03.9799600")
+        raise ValueError("expected a time like YYYY-MM-DD HH:MM:SS.fffffff")
     return _in_range(secs * 1_000_000_000 + int((frac + "000000000")[:9]))
 
 

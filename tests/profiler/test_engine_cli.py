@@ -124,7 +124,7 @@ def test_torch_runner_flags_it_cannot_use_get_one_line_and_leave_no_run_dir(tmp_
     ("half.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,4,3.5\n",
      "half.csv:2: bad row: GeneratedTokens '3.5': expected a whole number of tokens"),
     ("iso.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16T18:17:03.97,4,3\n",
-     "iso.csv:2: bad row: TIMESTAMP '2023-11-16T18:17:03.97': expected a time like 2023-11-16 18:17:03.9799600"),
+     "iso.csv:2: bad row: TIMESTAMP '2023-11-16T18:17:03.97': expected a time like YYYY-MM-DD HH:MM:SS.fffffff"),
     ("extra.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,4,3,7\n",
      "extra.csv:2: bad row: 4 fields, the header has 3"),
     ("cut.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,4,3\n2023-11-16 18:17:04.1,4",
