@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import duckdb

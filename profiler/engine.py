@@ -4,7 +4,8 @@
 waits when there is nothing to run, schedules, logs an iteration that runs nothing and stops a run that
 can make no progress. How a scheduled iteration runs is the `Stepping` it is given (stepping.py): one
 by one (`iteration`, its phases one after the other), in bulk (bulk.py: a stretch of iterations that
-repeat one another, the decode rows and at most one prompt chunk, at once, else one by one), or one ahead with overlap (overlap.py).
+repeat one another, the decode rows and at most one prompt chunk, at once, else one by one), or one
+ahead with overlap (overlap.py).
 """
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ class Engine:
     """Runs a workload to completion through a scheduler and a runner, logging every iteration.
 
     `bulk`: iterations that repeat one another (the decode rows, and at most one prompt chunk) go at once
-    where the runner can (a BulkRunner; see bulk.py); `overlap`: the host schedules and prepares each iteration while the device runs the
-    one before (an OverlapRunner; see overlap.py).
+    where the runner can (a BulkRunner; see bulk.py); `overlap`: the host schedules and prepares each
+    iteration while the device runs the one before (an OverlapRunner; see overlap.py).
     """
 
     def __init__(self, scheduler: Scheduler, runner: Runner, clock, *, log: RunLog | None = None,

@@ -20,8 +20,8 @@ from itertrace.errors import UserError
 from itertrace.interrupts import quiet_progress
 from itertrace.ingest.plans import prefer_sort_based_joins
 from itertrace.queries.catalog import SOURCE_TABLES, Query, all_params, definitions, needed, queries
-from itertrace.queries.library import (ERROR_KIND, RUN_LOG_TABLES, available, check_sources, create, first_line,
-                                       missing_name, names_read, source_tables, stored_bodies, tables)
+from itertrace.queries.library import (ERROR_KIND, available, check_sources, create, first_line, missing_name, names_read,
+                                       rebuilt_from_log, source_tables, stored_bodies, tables)
 from itertrace.queries.suggest import MappingChoice, choose_mapping
 
 if TYPE_CHECKING:
@@ -144,11 +144,11 @@ class QueryDB:
         self._choice: MappingChoice | None | bool = False  # False until the mapping is chosen
         self._stored: dict[str, str] | None = None
         try:
-            # the source tables the library lacks here; where it rebuilt a capture from the run log, those tables
+            # the source tables the library lacks here; where it rebuilds a capture from the run log, those tables
             # are there for the queries but `missing` still names them: the database itself recorded none
             held = self._prepared(tables, self.session)
-            self.lacking = self._prepared(source_tables, self.session)
-            rebuilt = RUN_LOG_TABLES - held if "nvtx_ranges" not in held else set()
+            rebuilt = rebuilt_from_log(held)
+            self.lacking = self._prepared(lambda con: source_tables(con, present=held), self.session)
             self.missing = {**self.lacking, **{t: SOURCE_TABLES[t] for t in sorted(rebuilt)}}
             self._prepared(check_sources, self.session, self.lacking)
             set_params(self.session, self.params)

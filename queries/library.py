@@ -26,7 +26,7 @@ _MISSING = re.compile(r"^Catalog Error: (?:Table|Scalar Function|Table Function|
 
 # The capture a run's log stands for, where a database holds the run and no capture (see the file).
 RUN_LOG_CAPTURE = Path(__file__).parent / "sources" / "run_log.sql"
-RUN_LOG_TABLES = {"nvtx_ranges", "nvtx_marks", "gpu_ops", "cuda_api", "nvtx_gpu_projection"}
+RUN_LOG_TABLES = frozenset({"nvtx_ranges", "nvtx_marks", "gpu_ops", "cuda_api", "nvtx_gpu_projection"})
 
 # Why a database holds none of SOURCE_TABLES, for the commands that refuse it.
 NOT_INGESTED = ("no table of `itertrace ingest` in this database (a capture gives nvtx_ranges, a run directory "
@@ -48,21 +48,28 @@ def install(con: duckdb.DuckDBPyConnection, *, persist: bool = False) -> dict[st
     return missing
 
 
-def source_tables(con: duckdb.DuckDBPyConnection, *, persist: bool = False) -> dict[str, str]:
+def rebuilt_from_log(present: set[str]) -> frozenset[str]:
+    """The source tables a session over a database of the tables `present` rebuilds from its run log: those of
+    RUN_LOG_CAPTURE where it holds a run directory and no capture, else none."""
+    return RUN_LOG_TABLES if "nvtx_ranges" not in present and "run_iterations" in present else frozenset()
+
+
+def source_tables(con: duckdb.DuckDBPyConnection, *, persist: bool = False,
+                  present: set[str] | None = None) -> dict[str, str]:
     """The source tables this database lacks, each with what comes from it; an empty table stands in for each
     optional one that a capture ingested before it existed lacks (temporary unless `persist`). In a session
     (not `persist`) over a run directory without a capture, the capture its log stands for is created as
-    temporary views (RUN_LOG_CAPTURE), so those tables are not lacking."""
-    present = tables(con)
+    temporary views (RUN_LOG_CAPTURE), so those tables are not lacking. `present`: tables(con), if known."""
+    present = set(tables(con) if present is None else present)
     missing = {t: SOURCE_TABLES[t] for t in SOURCE_TABLES if t not in present}
     if persist and len(missing) == len(SOURCE_TABLES):  # not an itertrace database: write nothing into it
         raise UserError(f"{NOT_INGESTED}; nothing to install")
-    if not persist and "nvtx_ranges" not in present and "run_iterations" in present:  # a run alone: rebuild its capture
+    if not persist and (rebuilt := rebuilt_from_log(present)):  # a run alone: the capture its log stands for
         for statement in RUN_LOG_CAPTURE.read_text().split(";\n\n"):
             if statement.strip():
                 con.execute(statement)
-        missing = {t: why for t, why in missing.items() if t not in RUN_LOG_TABLES}
-        present |= RUN_LOG_TABLES
+        missing = {t: why for t, why in missing.items() if t not in rebuilt}
+        present |= rebuilt
     if "nvtx_ranges" in present:  # a capture ingested before these tables existed
         for table, columns in OPTIONAL_TABLES.items():
             if table in missing:
