@@ -6,7 +6,9 @@ BulkRunner) gives their times and tokens as arrays, the scheduler commits them i
 (Scheduler.commit_bulk) and their log rows go out together: the same rows, events and request state as
 a pass of the loop each (tests/profiler/test_bulk.py compares the two). A stretch stops short of the
 iteration where a row finishes or may stop, the chunk reaches its request's end, a request arrives or is
-canceled, or the KV pool runs short: that one runs one by one.
+canceled, or the KV pool runs short: that one runs one by one, unless it is the chunk's request preempting
+itself (Scheduler.preempts_chunk), the thrash of a full pool: then it runs right after the stretch
+(`InBulk.preempting`), its row, events and state as one by one.
 """
 from __future__ import annotations
 
@@ -52,7 +54,8 @@ class InBulk(OneByOne):
         next_arrival_ns = intake.next_arrival_ns()
         if next_arrival_ns is not None:  # an arrival joins the first iteration that starts at or after it
             steps = min(steps, int(starts.searchsorted(next_arrival_ns)))
-        kv = sched.commit_bulk(runner.decode_tokens(batch, steps))
+        tokens = runner.decode_tokens(batch, steps)
+        kv = sched.commit_bulk(tokens)
         if kv is None:
             return 0
         allocated, in_use = kv
@@ -75,7 +78,28 @@ class InBulk(OneByOne):
                 "kv_allocated": allocated, "kv_in_use": in_use, **_first_only(d, steps)}, steps)
         result.iterations_in_bulk += steps
         self.tracer.end_step()
+        if sched.preempts_chunk():  # (every row's token in it is among `tokens`: the stretch stopped short)
+            return steps + self.preempting(iteration + steps, int(ends[-1]), tokens[steps], result)
         return steps
+
+    def preempting(self, iteration: int, start: int, tokens: np.ndarray, result: RunResult) -> int:
+        """Run `iteration`, which starts at `start` right after a stretch that stopped where the pool ran short,
+        and in which the stretch's chunk preempts itself (Scheduler.preempt_chunk; `tokens`: [D] the rows'),
+        as a pass of the loop would. Returns 1."""
+        engine = self.engine
+        sched, runner, record = engine.scheduler, engine.runner, engine.record
+        d = sched.preempt_chunk(iteration, tokens)
+        queued, preempted = len(sched.waiting), sched.waiting.num_preempted
+        host_ns, device_ns = runner.decode_times(d.batch, 1)
+        forward_ns = int(device_ns[0])
+        end = start + host_ns + forward_ns
+        engine.clock.advance(end - start)
+        record.flush_events(start, end)  # the preemption's
+        record.tokens_in_bulk(d.batch.sampled_ids, np.array([iteration]), np.array([end]))
+        engine.finish_iteration(d, start, end, (0, host_ns, forward_ns, 0, 0, 0), (start + host_ns, end), queued,
+                                preempted, result)
+        result.iterations_inline += 1
+        return 1
 
 
 def _first_only(d: Decision, steps: int) -> dict[str, np.ndarray]:
