@@ -34,6 +34,7 @@ class InBulk:
     _chunk: Chunk | None  # the stretch's chunk; after commit_bulk, only where the pool ran short
     _prefill_room: int
     _swap: SwapPlan
+    _thrash: Chunk | None  # the last chunk that preempted itself, and its size (scheduling/thrash.py)
 
     def bulk_steps(self, decision: Decision) -> int:
         """How many iterations, `decision` (just scheduled, not yet run) first, repeat it (the decode rows, and at
@@ -92,7 +93,7 @@ class InBulk:
         and `postprocess` would: the rows take their blocks, the chunk's request yields its own and queues again.
         Its events but the tokens' are the scheduler's."""
         rows, (req, _) = self._rows, self._chunk
-        self._chunk = None
+        self._thrash, self._chunk = self._chunk, None
         self.blocks.reset_counters()
         self._swap = SwapPlan()
         grow = rows.growing()

@@ -54,6 +54,7 @@ class Scheduler(SchedulePasses, InBulk, CommitAhead):
         self._rows: DecodeRows | None = None  # the running decodes as arrays (None: rebuild)
         self._rows_run = 0  # how many leading rows of the last decision came from self._rows
         self._chunk: Chunk | None = None  # the prompt chunk the stretch that bulk_steps counted repeats
+        self._thrash: Chunk | None = None  # the last chunk that preempted itself (commit_modes.preempt_chunk)
         self._prefill_room = prefill_room(config)
         # False (set by the engine for a runner that never reads token ids): prefill chunks carry -1
         # for their tokens, so a synthetic prompt is never made (see tokenizer.SynthPrompt)

@@ -66,7 +66,7 @@ def _run(specs, cfg, num_blocks, block_size, swap_blocks, sampling, ignore_eos, 
              for rid, t in result.times.items()}
     summary = (result.iterations, result.idle_slot_iterations, result.idle_finished, result.idle_while_queued,
                result.end_ns, result.membership)
-    return tables, state, times, summary, result.iterations_in_bulk, result.iterations_inline
+    return tables, state, times, summary, result.iterations_in_bulk, result.iterations_chained
 
 
 def _assert_same(slow, fast) -> None:
@@ -175,22 +175,31 @@ def test_a_reservation_shrinks_as_a_row_takes_blocks_within_a_bulk_stretch():
 
 def test_a_prompt_that_preempts_itself_again_and_again_gives_the_same_run():
     """The thrash of a full pool: two rows decode while a long prompt is admitted, runs a few chunks, finds no
-    block for its next one and preempts itself (recompute), resumes, ... until a row finishes. The iterations
-    where it preempts itself run right after the stretch of its chunks (bulk.InBulk.preempting): the same rows
-    (kv_allocated, kv_freed and kv_in_use among them), events and blocks, in the same order, as one by one; with
-    costs that go through float rounding, and with the rows taking blocks in those iterations (block size 1)."""
+    block for its next one and preempts itself (recompute), resumes, ... until a row finishes. The first such
+    preemption runs right after the stretch of its chunks (bulk.InBulk.preempting), the cycles after it as a
+    chain (profiler/thrash.py): the same rows (times, kv_allocated, kv_freed, kv_in_use among them), events,
+    blocks, in the same order, and tallies as one by one; with costs that go through float rounding, the rows
+    taking blocks in every iteration (block size 1), a request arriving in the middle of the thrash (at an
+    iteration's start, and just after it) and a row canceled in it."""
     cost = CostModel(fixed_ns=1_234_567.5, per_seq_ns=3_333.3, per_token_ns=45_678.9, per_context_token_ns=77.7,
                      host_ns=456_789.6)
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64)
+    specs = [RequestSpec(0, 8, 200), RequestSpec(0, 8, 160), RequestSpec(0, 300, 20), RequestSpec(0, 40, 30)]
     for block_size, num_blocks in ((4, 90), (1, 380), (2, 180)):
-        specs = [RequestSpec(0, 8, 200), RequestSpec(0, 8, 160), RequestSpec(0, 300, 20), RequestSpec(0, 40, 30)]
-        args = (specs, SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64), num_blocks, block_size, 0, None, True)
-        slow, fast = _run(*args, bulk=False, cost=cost), _run(*args, bulk=True, cost=cost)
-        _assert_same(slow, fast)
-        rows = slow[0]["iterations"].to_pylist()
-        preempting = [r for r in rows if r["preempted"] and r["prefill_tokens"] == 0 and r["kv_freed"]]
-        assert len(preempting) > 20 and fast[5] > 0.8 * len(preempting), (block_size, len(preempting), fast[5])
-        if block_size == 1:  # every row takes a block in every iteration, those that preempt among them
-            assert all(r["kv_allocated"] == r["num_seqs"] for r in preempting)
+        starts = _run(specs, cfg, num_blocks, block_size, 0, None, True, bulk=False)[0]["iterations"]["start_ns"]
+        for extra, cancel in (([], None), ([RequestSpec(starts[60].as_py(), 5, 5)], None),
+                              ([RequestSpec(starts[61].as_py() + 1, 5, 5)], 75), (None, None)):
+            # (None: the prompt alone behind the rows: no one else queued while it runs)
+            others = specs[3:] + extra if extra is not None else []
+            workload = [RequestSpec(0, 8, 200, cancel_at_iteration=cancel), *specs[1:3], *others]
+            args = (workload, cfg, num_blocks, block_size, 0, None, True)
+            slow, fast = _run(*args, bulk=False, cost=cost), _run(*args, bulk=True, cost=cost)
+            _assert_same(slow, fast)
+            rows = slow[0]["iterations"].to_pylist()
+            preempting = [r for r in rows if r["preempted"] and r["prefill_tokens"] == 0 and r["kv_freed"]]
+            assert len(preempting) > 30 and fast[5] > 2.5 * len(preempting), (block_size, len(preempting), fast[5])
+            if block_size == 1:  # every row takes a block in every iteration, those that preempt among them
+                assert all(r["kv_allocated"] == r["num_seqs"] for r in preempting)
 
 
 # digests of the rows of the run below, one by one, as the engine made them before its one-by-one path
