@@ -14,8 +14,9 @@ This module holds the scheduler's state, arrivals, cancels, finishes and `postpr
 calls live beside it, one responsibility each: `passes` (`schedule`: the passes of each iteration)
 and `commit_modes` (iterations committed in bulk, or ahead of their tokens in overlap mode). Below
 them: `budget` (the token budget), `admission` (a request's KV on starting, preemption, rejection),
-`preemption` (who yields), `batch_builder` (the batch's arrays), `stretch` (iterations in bulk) and
-`postprocess` (sampled tokens).
+`preemption` (who yields), `batch_builder` (the batch's arrays), `stretch` (iterations in bulk),
+`thrash` (a long prompt's preempt-and-resume cycles in a full pool, as one chain) and `postprocess`
+(sampled tokens).
 """
 from __future__ import annotations
 
