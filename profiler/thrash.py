@@ -4,7 +4,8 @@ The scheduler plans and commits the chain (scheduling/thrash.py); here its itera
 the runner's cost arithmetic on arrays (BulkRunner.step_times), their tokens (BulkRunner.decode_tokens, the
 rows sampling in every one), and their rows, events, token times and tallies: what a pass of the loop each
 gives. The rows are the iteration rows that started the chain (the stretch's first and the preemption's),
-each iteration's times, KV counts and resumption put in.
+each iteration's times, KV counts and resumption put in. Besides where the scheduler ends it, a chain ends
+before the first iteration that starts at or after an arrival, or has a scripted cancel.
 """
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import numpy as np
 
 from itertrace.profiler.intake import Intake
 from itertrace.profiler.scheduling import thrash
-from itertrace.profiler.tracing.records import RunResult
+from itertrace.profiler.scheduling.decision import Event
+from itertrace.profiler.scheduling.request import Request
+from itertrace.profiler.tracing.records import RunRecord, RunResult
 
 if TYPE_CHECKING:
     from itertrace.profiler.engine import Engine
@@ -74,8 +77,9 @@ def run_chain(engine: Engine, iteration: int, result: RunResult, intake: Intake,
     return steps
 
 
-def _log(record, resume_row, preempt_row, ids, numbers, kinds, starts, ends, host_ns, device_ns, allocated, freed,
-         in_use, events) -> None:
+def _log(record: RunRecord, resume_row: dict | None, preempt_row: dict | None, ids: np.ndarray, numbers: list[int],
+         kinds: list[int], starts: list[int], ends: list[int], host_ns: int, device_ns: list[int],
+         allocated: list[int], freed: list[int], in_use: list[int], events: list[list[Event]]) -> None:
     """Each iteration's events (at its start), its rows' tokens (at its end) and its row."""
     log = record.log
     if log is None:
@@ -95,7 +99,7 @@ def _log(record, resume_row, preempt_row, ids, numbers, kinds, starts, ends, hos
             "resumed": int(kind == thrash.RESUME)})
 
 
-def _tally(engine: Engine, result: RunResult, req, kinds: list[int]) -> None:
+def _tally(engine: Engine, result: RunResult, req: Request, kinds: list[int]) -> None:
     """RunRecord.tally for each iteration: idle slots, those while requests queued, and membership if kept."""
     sched = engine.scheduler
     seqs, rows, queued = sched.config.max_num_seqs, len(sched._rows), len(sched.waiting) - (req in sched.waiting)
