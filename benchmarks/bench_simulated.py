@@ -22,8 +22,9 @@ minute) and the ratio of the two sides, with the rounds and the machine's load. 
 not there is skipped, not an error. `long-prompts` stands in for a production conversation trace of
 long prompts: 12,031 requests arriving over an hour (Poisson, 3.34 a second), prompts of 1,000 to
 20,000 tokens and outputs of 50 to 650, which keep the default KV pool full (prefill chunks, preemption
-and recompute almost every iteration: a prompt's chunks between the iteration that admits or resumes it
-and its preemption run in bulk, the preemption one by one). `--limit N` takes the first N requests (a
+and recompute almost every iteration: a prompt's chunks between the iteration that admits it and its
+preemption run in bulk, and the cycles of resuming, chunks and preempting again that follow, while the
+decode rows stay the same, as one chain: profiler/thrash.py). `--limit N` takes the first N requests (a
 smoke run).
 
 Compare figures within one run of this script: wall times on a shared machine move with its load.

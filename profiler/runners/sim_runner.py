@@ -93,6 +93,11 @@ class SimulatedRunner:
         not move (the engine moves it)."""
         return int(self.cost.host_ns), self.cost.decode_steps_ns(batch, steps)
 
+    def step_times(self, seqs: np.ndarray, tokens: np.ndarray, context: np.ndarray) -> tuple[int, np.ndarray]:
+        """Host ns (prepare) per iteration, and [n] device ns (forward) of n iterations of `seqs` sequences, `tokens`
+        tokens and `context` context tokens each ([n] each): `forward_ns`'s arithmetic on arrays."""
+        return int(self.cost.host_ns), self.cost._ns(seqs, tokens, context).astype(np.int64)
+
     def decode_tokens(self, batch: Batch, steps: int) -> np.ndarray:
         """[steps, sampled] what `sample` gives in those iterations (the same rows sample in each)."""
         return _tokens(batch.sampled_ids, batch.num_generated[batch.sample] + np.arange(steps, dtype=np.int64)[:, None])

@@ -228,6 +228,10 @@ class BulkRunner(Runner, Protocol):
     def decode_tokens(self, batch: Batch, steps: int) -> np.ndarray:
         """[steps, sampled] the tokens `sample` gives in those iterations (the same rows sample in each)."""
 
+    def step_times(self, seqs: np.ndarray, tokens: np.ndarray, context: np.ndarray) -> tuple[int, np.ndarray]:
+        """Host ns per iteration, and [n] device ns, of n iterations given each one's sequences, tokens and context
+        tokens (the start positions and tokens of its rows, summed)."""
+
 
 @runtime_checkable
 class OverlapRunner(Runner, Protocol):

@@ -11,12 +11,13 @@ from __future__ import annotations
 import numpy as np
 
 from itertrace.profiler.scheduling.admission import Admission
-from itertrace.profiler.scheduling.batch import Placeholders
+from itertrace.profiler.scheduling.batch import Placeholders, SwapPlan
 from itertrace.profiler.scheduling.batch_builder import DecodeRows
-from itertrace.profiler.scheduling.decision import Decision, Event, SchedulerConfig, TokenEvents
+from itertrace.profiler.scheduling.budget import Budget
+from itertrace.profiler.scheduling.decision import Decision, Event, Limit, SchedulerConfig, TokenEvents
 from itertrace.profiler.scheduling.kv import BlockManager
-from itertrace.profiler.scheduling.postprocess import check_tokens, commit_sampled
-from itertrace.profiler.scheduling.request import Phase, Reason, Request
+from itertrace.profiler.scheduling.postprocess import check_tokens, commit_decode_steps, commit_sampled
+from itertrace.profiler.scheduling.request import Phase, PreemptKind, Reason, Request
 from itertrace.profiler.scheduling.stretch import Chunk, chunk_steps, commit_stretch, repeated_chunk
 
 
@@ -30,7 +31,10 @@ class InBulk:
     _admission: Admission
     _rows: DecodeRows | None
     _rows_run: int
-    _chunk: Chunk | None
+    _chunk: Chunk | None  # the stretch's chunk; after commit_bulk, only where the pool ran short
+    _prefill_room: int
+    _swap: SwapPlan
+    _thrash: Chunk | None  # the last chunk that preempted itself, and its size (scheduling/thrash.py)
 
     def bulk_steps(self, decision: Decision) -> int:
         """How many iterations, `decision` (just scheduled, not yet run) first, repeat it (the decode rows, and at
@@ -62,12 +66,48 @@ class InBulk:
         done = commit_stretch(self._rows, self._chunk, self.blocks, tokens)
         if done is None:
             return None
-        allocated, in_use, grew = done
+        allocated, in_use, grew, short = done
+        if not short:
+            self._chunk = None
         if self._admission.reserved:
             for req in grew:
                 self._admission.update(req)
         self._rows_run = 0  # as postprocess leaves it
         return allocated, in_use
+
+    def preempts_chunk(self) -> bool:
+        """Whether the iteration after a stretch that `commit_bulk` stopped where the pool ran short runs the
+        decode rows alone, the chunk's request preempting itself (recompute): the rows' blocks fit the pool,
+        the chunk's next blocks do not, and its request is the only other running one, so its own victim."""
+        chunk, rows, cfg = self._chunk, self._rows, self.config
+        if chunk is None or cfg.preemption is not PreemptKind.RECOMPUTE or len(self.running) != len(rows) + 1:
+            return False
+        budget = Budget(cfg.max_num_batched_tokens - len(rows), self._prefill_room, cfg.max_num_seqs)
+        budget.prefill_cap = min(budget.prefill_cap, budget.tokens)  # as _run_rows leaves it
+        n = budget.chunk(chunk[0], cfg.chunked_prefill)
+        free = self.blocks.device.num_free - len(rows.growing())
+        return n > 0 and free >= 0 and self.blocks.blocks_needed(chunk[0], n) > free
+
+    def preempt_chunk(self, iteration: int, tokens: np.ndarray) -> Decision:
+        """The iteration `preempts_chunk` foresaw, scheduled and committed (`tokens`: [D] the rows') as `schedule`
+        and `postprocess` would: the rows take their blocks, the chunk's request yields its own and queues again.
+        Its events but the tokens' are the scheduler's."""
+        rows, (req, _) = self._rows, self._chunk
+        self._thrash, self._chunk = self._chunk, None
+        self.blocks.reset_counters()
+        self._swap = SwapPlan()
+        grow = rows.growing()
+        if len(grow):
+            rows.grow(grow, self.blocks)
+        self._preempt(req, iteration)
+        counts = self._admission.counts
+        decision = Decision(iteration=iteration, work=rows.work(), batch=rows.batch(iteration), swap=self._swap,
+                            member_ids=self._members(), finished_member_ids=[], stalled_member_ids=[],
+                            limit=Limit.KV_BLOCKS, prefill_tokens=0, decode_tokens=len(rows), **counts)
+        for name in counts:
+            counts[name] = 0
+        commit_decode_steps(rows, tokens[None])
+        return decision
 
 
 class CommitAhead:

@@ -14,8 +14,9 @@ This module holds the scheduler's state, arrivals, cancels, finishes and `postpr
 calls live beside it, one responsibility each: `passes` (`schedule`: the passes of each iteration)
 and `commit_modes` (iterations committed in bulk, or ahead of their tokens in overlap mode). Below
 them: `budget` (the token budget), `admission` (a request's KV on starting, preemption, rejection),
-`preemption` (who yields), `batch_builder` (the batch's arrays), `stretch` (iterations in bulk) and
-`postprocess` (sampled tokens).
+`preemption` (who yields), `batch_builder` (the batch's arrays), `stretch` (iterations in bulk),
+`thrash` (a long prompt's preempt-and-resume cycles in a full pool, as one chain) and `postprocess`
+(sampled tokens).
 """
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ class Scheduler(SchedulePasses, InBulk, CommitAhead):
         self._rows: DecodeRows | None = None  # the running decodes as arrays (None: rebuild)
         self._rows_run = 0  # how many leading rows of the last decision came from self._rows
         self._chunk: Chunk | None = None  # the prompt chunk the stretch that bulk_steps counted repeats
+        self._thrash: Chunk | None = None  # the last chunk that preempted itself (commit_modes.preempt_chunk)
         self._prefill_room = prefill_room(config)
         # False (set by the engine for a runner that never reads token ids): prefill chunks carry -1
         # for their tokens, so a synthetic prompt is never made (see tokenizer.SynthPrompt)

@@ -67,11 +67,12 @@ def _chunk_blocks(chunk: Chunk, steps: int, block_size: int) -> np.ndarray:
 
 
 def commit_stretch(rows: DecodeRows, chunk: Chunk | None, blocks: BlockManager,
-                   tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, set[Request]] | None:
+                   tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, set[Request], bool] | None:
     """Commit at once the leading iterations of `tokens` ([steps, D]: the rows' tokens, the iteration just
     scheduled first) up to the first where a row may stop on a stop token or the pool lacks a block the
     rows or the chunk take. Returns [n] KV blocks allocated and [n] in use in each of the n iterations
-    committed, and the requests that took blocks; None when n would be 0."""
+    committed, the requests that took blocks, and whether the pool ran short in iteration n (n < steps);
+    None when n would be 0."""
     steps = rows.first_stop(tokens)
     if steps <= 0:
         return None
@@ -80,7 +81,7 @@ def commit_stretch(rows: DecodeRows, chunk: Chunk | None, blocks: BlockManager,
     if chunk:
         allocated += _chunk_blocks(chunk, steps, blocks.block_size)
     short = (allocated.cumsum() > blocks.device.num_free).nonzero()[0]
-    if len(short):  # that iteration runs one by one: it preempts
+    if len(short):  # that iteration preempts (see Scheduler.preempts_chunk)
         steps = int(short[0])
         if steps <= 0:
             return None
@@ -91,7 +92,7 @@ def commit_stretch(rows: DecodeRows, chunk: Chunk | None, blocks: BlockManager,
     allocated[0] = blocks.allocated_this_iteration
     grew = _take_blocks(rows, chunk, blocks, row_steps, row_of, steps)
     commit_decode_steps(rows, tokens[:steps])
-    return allocated, in_use, grew
+    return allocated, in_use, grew, bool(len(short))
 
 
 def _take_blocks(rows: DecodeRows, chunk: Chunk | None, blocks: BlockManager, row_steps: np.ndarray,

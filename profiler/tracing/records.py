@@ -75,6 +75,7 @@ class RunResult:
     idle_while_queued: int = 0  # idle slot-iterations while requests were waiting
     membership: list[list[int]] = field(default_factory=list)  # member ids by iteration, when kept
     iterations_in_bulk: int = 0  # iterations run at once with others (profiler/bulk.py)
+    iterations_chained: int = 0  # of those, a prompt's thrash run as a chain of its cycles (profiler/thrash.py)
     tokens_dropped: int = 0  # overlap mode: tokens computed for requests that had ended (never emitted)
 
 

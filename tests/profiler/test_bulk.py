@@ -8,6 +8,7 @@ and stop tokens.
 from __future__ import annotations
 
 import hashlib
+import random
 import tempfile
 from pathlib import Path
 
@@ -19,8 +20,9 @@ from test_scheduler_properties import configs, requests
 
 from itertrace.profiler.scheduling.batch import Batch, SamplingParams
 from itertrace.profiler.clock import SimClock
-from itertrace.profiler.engine import Engine
+from itertrace.profiler.engine import Engine, NoProgress
 from itertrace.profiler.scheduling.kv import BlockManager
+from itertrace.profiler.scheduling.policies import Policy
 from itertrace.profiler.tracing.nvtx_ranges import Tracer, tokens_text
 from itertrace.profiler.scheduling.request import PreemptKind
 from itertrace.profiler.tracing.runlog import RunLog
@@ -66,14 +68,14 @@ def _run(specs, cfg, num_blocks, block_size, swap_blocks, sampling, ignore_eos, 
              for rid, t in result.times.items()}
     summary = (result.iterations, result.idle_slot_iterations, result.idle_finished, result.idle_while_queued,
                result.end_ns, result.membership)
-    return tables, state, times, summary, result.iterations_in_bulk
+    return tables, state, times, summary, result.iterations_in_bulk, result.iterations_chained
 
 
 def _assert_same(slow, fast) -> None:
     for name, table in slow[0].items():
         assert fast[0][name].equals(table), f"{name} table differs"
     assert fast[1:4] == slow[1:4]
-    assert slow[4] == 0
+    assert slow[4] == slow[5] == 0
 
 
 # longer outputs than the invariant tests' so that runs have stretches worth running in bulk
@@ -171,6 +173,66 @@ def test_a_reservation_shrinks_as_a_row_takes_blocks_within_a_bulk_stretch():
     assert [(e["iteration"], e["kind"]) for e in b] == [(11, "admit")]
     _assert_same(slow, fast)
     assert fast[4] >= 9  # iterations 1-9 at least ran at once
+
+
+def test_a_prompt_that_preempts_itself_again_and_again_gives_the_same_run():
+    """The thrash of a full pool: two rows decode while a long prompt is admitted, runs a few chunks, finds no
+    block for its next one and preempts itself (recompute), resumes, ... until a row finishes. The first such
+    preemption runs right after the stretch of its chunks (bulk.InBulk.preempting), the cycles after it as a
+    chain (profiler/thrash.py): the same rows (times, kv_allocated, kv_freed, kv_in_use among them), events,
+    blocks, in the same order, and tallies as one by one; with costs that go through float rounding, the rows
+    taking blocks in every iteration (block size 1), a request arriving in the middle of the thrash (at an
+    iteration's start, and just after it) and a row canceled in it."""
+    cost = CostModel(fixed_ns=1_234_567.5, per_seq_ns=3_333.3, per_token_ns=45_678.9, per_context_token_ns=77.7,
+                     host_ns=456_789.6)
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64)
+    specs = [RequestSpec(0, 8, 200), RequestSpec(0, 8, 160), RequestSpec(0, 300, 20), RequestSpec(0, 40, 30)]
+    for block_size, num_blocks in ((4, 90), (1, 380), (2, 180)):
+        starts = _run(specs, cfg, num_blocks, block_size, 0, None, True, bulk=False)[0]["iterations"]["start_ns"]
+        for extra, cancel in (([], None), ([RequestSpec(starts[60].as_py(), 5, 5)], None),
+                              ([RequestSpec(starts[61].as_py() + 1, 5, 5)], 75), (None, None)):
+            # (None: the prompt alone behind the rows: no one else queued while it runs)
+            others = specs[3:] + extra if extra is not None else []
+            workload = [RequestSpec(0, 8, 200, cancel_at_iteration=cancel), *specs[1:3], *others]
+            args = (workload, cfg, num_blocks, block_size, 0, None, True)
+            slow, fast = _run(*args, bulk=False, cost=cost), _run(*args, bulk=True, cost=cost)
+            _assert_same(slow, fast)
+            rows = slow[0]["iterations"].to_pylist()
+            preempting = [r for r in rows if r["preempted"] and r["prefill_tokens"] == 0 and r["kv_freed"]]
+            assert len(preempting) > 30 and fast[5] > 2.5 * len(preempting), (block_size, len(preempting), fast[5])
+            if block_size == 1:  # every row takes a block in every iteration, those that preempt among them
+                assert all(r["kv_allocated"] == r["num_seqs"] for r in preempting)
+
+
+def test_random_workloads_in_a_pool_too_small_give_the_same_run():
+    """Random workloads whose KV pool holds a sixth to a half of what they need, so that long prompts thrash,
+    under every policy, both preemption kinds that give blocks back, chunked prefill on and off, a decode
+    reserve, stop tokens, cancels and arrivals: in bulk (chains among them) as one by one."""
+    chained = 0
+    for seed in range(60):
+        rng = random.Random(seed)
+        block_size = rng.choice([1, 2, 4, 8])
+        specs = [RequestSpec(rng.choice([0, 0, rng.randint(0, 300_000_000)]), rng.randint(1, 400),
+                             rng.randint(1, 150), priority=rng.randint(0, 2),
+                             cancel_at_iteration=rng.choice([None] * 6 + [rng.randint(0, 300)]))
+                 for _ in range(rng.randint(2, 9))]
+        blocks = [-(-(spec.prompt_tokens + spec.output_tokens) // block_size) for spec in specs]
+        num_blocks = max(rng.randint(sum(blocks) // 6, sum(blocks) // 2), max(blocks))
+        cfg = SchedulerConfig(max_num_seqs=rng.choice([2, 3, 4, 6, 8]),
+                              max_num_batched_tokens=rng.choice([32, 48, 64, 100]), policy=rng.choice(list(Policy)),
+                              decode_reserve=rng.choice([0.0, 0.0, 0.1]), chunked_prefill=rng.random() < 0.8,
+                              preemption=rng.choice([PreemptKind.RECOMPUTE] * 4 + [PreemptKind.SWAP]))
+        stops = rng.choice([(), (), (40, 77)])
+        sampling = SamplingParams(stop_token_ids=stops) if stops else None
+        args = (specs, cfg, num_blocks, block_size, rng.choice([0, 20]), sampling, not stops)
+        try:
+            slow = _run(*args, bulk=False)
+        except NoProgress:  # (chunked prefill off: a recompute can outgrow what an iteration holds)
+            continue
+        fast = _run(*args, bulk=True)
+        _assert_same(slow, fast)
+        chained += fast[5]
+    assert chained > 300
 
 
 # digests of the rows of the run below, one by one, as the engine made them before its one-by-one path
