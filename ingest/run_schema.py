@@ -3,8 +3,9 @@
 A run directory (written by `itertrace run`, see profiler/tracing/runlog.py) holds `iterations.parquet`,
 `events.parquet`, `requests.parquet` and `run.json`. Each Parquet file becomes a table named `run_` plus
 its stem, with the file's columns unchanged; `run.json` becomes the one-row table `run_meta`. Every
-column named here must be present with a value of its kind; columns a newer engine adds pass through
-with a comment saying this itertrace does not describe them.
+column named here must be present with a value of its kind, but for the optional ones an older engine
+did not write, which the table holds as NULL; columns a newer engine adds pass through with a comment
+saying this itertrace does not describe them.
 """
 from __future__ import annotations
 
@@ -26,6 +27,11 @@ class Kind(enum.Enum):
     TEXT = "text"
     BOOL = "a boolean"
     INT_LIST = "a list of integers"
+
+    @property
+    def sql_type(self) -> str:
+        """The DuckDB type a column of this kind gets where the log lacks it."""
+        return {Kind.INT: "BIGINT", Kind.TEXT: "VARCHAR", Kind.BOOL: "BOOLEAN", Kind.INT_LIST: "BIGINT[]"}[self]
 
     def matches(self, kind: pa.DataType) -> bool:
         import pyarrow as pa  # here, not above: a Kineto ingest never imports it
@@ -49,7 +55,7 @@ class RunTable:
     table: str  # table name in the database
     doc: str
     columns: dict[str, tuple[Kind, str]]
-    optional: frozenset[str] = frozenset()  # columns an older engine did not write: absent from its run directories
+    optional: frozenset[str] = frozenset()  # columns an older engine did not write: NULL in its tables
 
     @property
     def file_name(self) -> str:

@@ -60,7 +60,8 @@ class RunDirLoader:
         ctx.progress.expect(sum(table.num_rows for _, table in tables))
         for spec, table in tables:
             ctx.write_table("main", table, spec.table)
-            _comment_table(ctx, spec, table.schema)
+            absent = _add_absent(ctx, spec, table.schema)
+            _comment_table(ctx, spec, [*table.schema.names, *absent])
         _write_meta(ctx, path, meta, {spec.stem: table.num_rows for spec, table in tables})
 
     def finish(self, paths: list[Path], ctx: LoadContext) -> None:
@@ -133,9 +134,17 @@ def _open(file: Path) -> TableStream:
     return parquet_table(file)
 
 
-def _comment_table(ctx: LoadContext, spec: RunTable, schema: pa.Schema) -> None:
+def _add_absent(ctx: LoadContext, spec: RunTable, schema: pa.Schema) -> list[str]:
+    """Add the optional columns an older engine did not write, NULL throughout: every run table has them all."""
+    absent = [name for name in spec.columns if name in spec.optional and schema.get_field_index(name) < 0]
+    for name in absent:
+        ctx.con.execute(f"ALTER TABLE {quote(spec.table)} ADD COLUMN {quote(name)} {spec.columns[name][0].sql_type}")
+    return absent
+
+
+def _comment_table(ctx: LoadContext, spec: RunTable, names: list[str]) -> None:
     ctx.con.execute(f"COMMENT ON TABLE {quote(spec.table)} IS {literal(spec.doc)}")
-    for name in schema.names:
+    for name in names:
         doc = spec.columns[name][1] if name in spec.columns else EXTRA_COLUMN_DOC.format(file=spec.file_name)
         ctx.con.execute(f"COMMENT ON COLUMN {quote(spec.table)}.{quote(name)} IS {literal(doc)}")
 

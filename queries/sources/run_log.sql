@@ -10,7 +10,7 @@
 -- - without overlap, its six phases as push/pop ranges inside the step, laid end to end in their
 --   order from start_ns: the engine times them so (each from the last one's end, adding up to the
 --   iteration), and its forward phase is the device interval (device_start_ns to device_end_ns); an
---   iteration without a forward pass ran its schedule phase alone;
+--   iteration that ran no sequence (num_seqs 0) had no forward pass and ran its schedule phase alone;
 -- - in overlap mode, the forward pass as a `forward` range numbered by the iteration, on a thread of
 --   its own (the log times each phase's length there but not where it lies, so no other phase);
 -- - the marks: `arrive` at intake, `admit` at the start of the step that first schedules the
@@ -28,7 +28,7 @@ WITH
     SELECT i.*, m.overlap FROM run_iterations AS i, meta AS m
   ),
   phases AS (
-    SELECT iteration, start_ns, device_start_ns IS NOT NULL AS forward, p.n AS n, p.text AS text, p.dur AS dur_ns,
+    SELECT iteration, start_ns, num_seqs > 0 AS forward, p.n AS n, p.text AS text, p.dur AS dur_ns,
            (start_ns + sum(p.dur) OVER (PARTITION BY iteration ORDER BY p.n) - p.dur)::BIGINT AS phase_start_ns
     FROM steps,
          unnest([{'n': 1, 'text': 'schedule', 'dur': schedule_ns}, {'n': 2, 'text': 'prepare', 'dur': prepare_ns},

@@ -3,13 +3,17 @@ tables are the ingest's, column for column, and the trace views over it say what
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import duckdb
 import pytest
 from query_fixtures import create_statements, insert
 
+from itertrace.ingest import ingest
 from itertrace.queries import QueryDB
 from itertrace.queries.library import RUN_LOG_TABLES
+
+SAMPLE_RUN = Path(__file__).resolve().parents[2] / "sample_traces" / "worked-example-continuous" / "run"
 
 # (iteration, start, end, schedule, prepare, forward, sample, device start, device end): phases end to end;
 # iteration 2 ran no forward pass (its schedule phase alone)
@@ -27,7 +31,8 @@ def log_db(path, overlap: bool = False) -> str:
     insert(con, {
         "run_iterations": [dict(zip(("iteration", "start_ns", "end_ns", "schedule_ns", "prepare_ns", "forward_ns",
                                      "sample_ns", "device_start_ns", "device_end_ns"), row),
-                                detokenize_ns=0, postprocess_ns=0, dur_ns=row[2] - row[1]) for row in LOG],
+                                detokenize_ns=0, postprocess_ns=0, dur_ns=row[2] - row[1],
+                                num_seqs=0 if row[7] is None else 1) for row in LOG],
         "run_events": [{"request_id": r, "iteration": i, "kind": k, "ts_ns": 0} for r, i, k in TOKENS]
                       + [{"request_id": r, "iteration": None, "kind": "arrive", "ts_ns": 0} for r in (7, 8)],
         "run_meta": [{"config_json": json.dumps({"overlap": overlap})}],
@@ -77,3 +82,26 @@ def test_overlap_mode_has_forward_ranges_and_no_phases(overlap, tmp_path):
         assert kinds == [("forward", "push_pop", 2, 3), ("step", "start_end", 1, 4)]
     else:
         assert [k[0] for k in kinds] == ["detokenize", "forward", "postprocess", "prepare", "sample", "schedule", "step"]
+
+
+def test_an_older_engines_log_without_device_times(tmp_path):
+    """A run directory an older engine wrote (no device_start_ns, device_end_ns, dropped_tokens columns): the
+    ingest holds them as NULL, and the capture rebuilt from it has each iteration's phases as the log times them."""
+    import pyarrow.parquet as pq
+
+    assert "device_start_ns" not in pq.read_schema(SAMPLE_RUN / "iterations.parquet").names
+    db = tmp_path / "old.duckdb"
+    ingest([SAMPLE_RUN], db)
+    with QueryDB(db) as q:
+        nulls = q.rows("SELECT count(device_start_ns), count(device_end_ns), count(dropped_tokens), count(*) "
+                       "FROM run_iterations")
+        leaves = q.rows("SELECT i.iteration, n.phase, sum(l.end_ns - l.start_ns) FROM host_gaps_leaves AS l "
+                        "JOIN iterations AS i ON l.start_ns >= i.host_start_ns AND l.start_ns < i.host_end_ns "
+                        "JOIN host_gaps_phase_names AS n USING (phase_rank) GROUP BY ALL ORDER BY ALL")
+        logged = q.rows("SELECT iteration, p.name, p.ns FROM run_iterations, unnest(["
+                        "{'name': 'detokenize', 'ns': detokenize_ns}, {'name': 'forward', 'ns': forward_ns}, "
+                        "{'name': 'postprocess', 'ns': postprocess_ns}, {'name': 'prepare', 'ns': prepare_ns}, "
+                        "{'name': 'sample', 'ns': sample_ns}, {'name': 'schedule', 'ns': schedule_ns}]) AS u(p) "
+                        "WHERE (num_seqs > 0 OR p.name = 'schedule') AND p.ns > 0 ORDER BY ALL")
+    assert nulls[0][:3] == (0, 0, 0) and nulls[0][3] == 512
+    assert leaves == logged
