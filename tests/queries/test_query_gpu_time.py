@@ -178,6 +178,41 @@ def test_two_gpus_and_two_processes_on_one_gpu_are_accounted_apart(trace):
                       (1, PID_200, "cuda_launch", TID_C, 1), (1, PID_200, "unattributed", None, 26)]
 
 
+# A process whose NVTX leaf runs on past the next GPU's first idle instants: GPU (0, 100) sorts before
+# (0, 200) in the sweep, and its leaf [0, 60) must not stand for process 200's idle time in [0, 10) and
+# [20, 30); process 200's own calls [0, 5) and [6, 7) do, where they run.
+LEAKING = recorded(merge(
+    {"nvtx_ranges": [push_pop(1, "prepare", 0, 60, domain=None)]},
+    launch(1, (1, 2), (40, 50)), launch(2, (0, 5), (10, 20), tid=TID_C), launch(3, (6, 7), (30, 40), tid=TID_C)))
+
+
+def test_a_host_range_of_one_gpu_takes_no_part_in_the_next_gpus_idle_time(trace):
+    trace.load(LEAKING)
+    assert trace.query("gpu_idle_parts", GENERIC) == [
+        (0, PID_100, 0, 40, "outside", None, "nvtx", "prepare", TID_A, 40, None),
+        (0, PID_100, 0, 40, "outside", None, "unattributed", "unattributed", None, 0, None),
+        (0, PID_100, 50, 60, "outside", None, "nvtx", "prepare", TID_A, 10, None),
+        (0, PID_100, 50, 60, "outside", None, "unattributed", "unattributed", None, 0, None),
+        (0, PID_200, 0, 10, "outside", None, "cuda_launch", LAUNCH, TID_C, 6, None),
+        (0, PID_200, 0, 10, "outside", None, "unattributed", "unattributed", None, 4, None),
+        (0, PID_200, 20, 30, "outside", None, "unattributed", "unattributed", None, 10, None),
+        (0, PID_200, 40, 60, "outside", None, "unattributed", "unattributed", None, 20, None)]
+
+
+def test_the_sweep_packs_a_gpu_an_instant_and_an_id_in_order(trace):
+    """The packed running values compare by GPU, then instant, whatever the id, and unpack exactly, at the
+    ends of BIGINT as well."""
+    trace.load(STREAMS)
+    lo, hi, top = -(2**63), 2**63 - 1, 2**32 - 1
+    cases = [(1, lo, 0), (1, lo, top), (1, -1, 5), (1, 0, top), (1, 0, 0), (1, hi, 0), (2, lo, 0), (2, 7, 3), (3, hi, top)]
+    values = ", ".join(f"({g}, ({ns})::BIGINT, {i})" for g, ns, i in cases)
+    rows = trace.sql(f"""SELECT g, ns, id, _gpu_idle_parts_ns(v), _gpu_idle_parts_id(v),
+                                row_number() OVER (ORDER BY v)::INTEGER
+                         FROM (SELECT *, _gpu_idle_parts_key(g, ns, id) AS v FROM (VALUES {values}) AS t(g, ns, id))
+                         ORDER BY g, ns, id""")
+    assert rows == [(g, ns, i, ns, i, n) for n, (g, ns, i) in enumerate(sorted(cases), 1)]
+
+
 def test_kernels_by_name(trace):
     trace.load(merge(launch(1, (0, 1), (10, 30), name="gemm"), launch(2, (1, 2), (30, 40), name="gemm"),
                      launch(3, (2, 3), (40, 45), name="softmax", device=1)))
