@@ -455,3 +455,24 @@ def test_the_window_is_the_profilers_span_or_the_gpu_works_never_a_stray_call(tr
     assert [(r[2], r[3], r[11]) for r in trace.query("gpu_time_summary", GENERIC)] == [(490, 20 / 490, SPAN)]
     trace.load({**stray, "capture_spans": spans[:1]})
     assert [(r[3], r[4], r[14]) for r in trace.query("gpu_time", GENERIC)] == [(0, 2000, "kineto profiler steps")]
+
+
+# Thread B, which launches nothing, runs an NVTX leaf over two engine frames (input preparation, then sampling);
+# thread A's CUDA call under it ends at 50, after the frames changed at 30. A part's engine frame is read at
+# the latest start or end of a piece, so the call's end cuts the leaf's time: [0, 50) in preparation, [50,
+# 100) in sampling, though B itself has no piece that starts or ends at 50.
+FRAME_CUT = recorded(merge(
+    {"nvtx_ranges": [push_pop(1, "prepare", 0, 100, tid=TID_B, domain=None),
+                     frame(2, f"{RUNNER}(3380): execute_model", 0, 100, tid=TID_B),
+                     frame(3, f"{RUNNER}(1518): _prepare_inputs", 0, 30, tid=TID_B, parent=2, depth=1),
+                     frame(4, f"{RUNNER}(4139): sample_tokens", 30, 100, tid=TID_B, parent=2, depth=1)]},
+    launch(1, (10, 50), (200, 210))))
+
+
+def test_a_piece_ending_under_a_leaf_cuts_where_its_engine_frame_is_read(trace):
+    trace.load(FRAME_CUT)
+    prepare, sample = f"{RUNNER}(1518): _prepare_inputs", f"{RUNNER}(4139): sample_tokens"
+    assert trace.query("gpu_idle_parts", GENERIC) == [
+        (0, PID_100, 0, 200, "outside", None, "nvtx", "prepare", TID_B, 50, prepare),
+        (0, PID_100, 0, 200, "outside", None, "nvtx", "prepare", TID_B, 50, sample),
+        (0, PID_100, 0, 200, "outside", None, "unattributed", "unattributed", None, 100, None)]
