@@ -23,8 +23,8 @@ machine disturbs less):
   `forward` range is given synthetic GPU work (three kernels on two streams and a stream synchronize,
   `_add_gpu_work`; the GPU projection stays empty, so gap attribution reads what it read before), timed
   and measured for memory the same way and printed beside gap attribution's SQL; with --before DIR
-  (another checkout's queries/ folder), both also with that SQL and with this checkout's, each run in a
-  fresh process, the two in turn.
+  (another checkout's queries/ folder), both also with that SQL and with this checkout's, and gap
+  attribution's SQL beside them, each run in a fresh process, in turn.
 Both SQL results are fetched as Arrow tables. The pandas figures are given with the loading of its
 input DataFrames from DuckDB (`.df()`) and without it. Peak memory is measured apart, each computation
 once in a fresh `spawn` child process: its peak RSS (VmHWM, reset after imports and opening the database;
@@ -687,30 +687,40 @@ def _gpu_child(path: str, threads: int | None, sql: str, queries: str | None, qu
 
 
 def compare_sql(path: Path, args: argparse.Namespace) -> None:
-    """gpu_time and gpu_idle_parts with the SQL of --before and with this checkout's, side by side.
+    """gpu_time and gpu_idle_parts with the SQL of --before and with this checkout's, side by side, and gap
+    attribution's SQL beside them, so that the ratio to it compares runs measured alike.
 
-    Each run is a fresh process (so each has its own peak RSS), the two versions in turn, --repeat times.
+    Each run is a fresh process (so each has its own peak RSS), the versions in turn, --repeat times.
     """
     ctx = multiprocessing.get_context("spawn")
     runs: dict[tuple[str, str], list[tuple]] = {}
+    cases = [(name, sql, label, queries) for name, sql in GPU_TIME.items()
+             for label, queries in (("before", str(args.before)), ("after", None))]
+    cases.append(("gap attribution", GAPS_SQL, "after", None))
     for _ in range(args.repeat):
-        for name, sql in GPU_TIME.items():
-            for label, queries in (("before", str(args.before)), ("after", None)):
-                queue = ctx.Queue()
-                child = ctx.Process(target=_gpu_child, args=(str(path), args.threads, sql, queries, queue))
-                child.start()
-                out = queue.get()
-                child.join()
-                if child.exitcode != 0:
-                    raise SystemExit(f"{name} with the {label} SQL failed (exit {child.exitcode})")
-                runs.setdefault((name, label), []).append(out)
-    print(f"GPU time, the SQL of {args.before} (before) and of this checkout (after), each run in a fresh process, "
-          f"in turn, {args.repeat} runs each (wall s, CPU s, peak RSS MiB: best of the runs; rows):")
+        for name, sql, label, queries in cases:
+            queue = ctx.Queue()
+            child = ctx.Process(target=_gpu_child, args=(str(path), args.threads, sql, queries, queue))
+            child.start()
+            out = queue.get()
+            child.join()
+            if child.exitcode != 0:
+                raise SystemExit(f"{name} with the {label} SQL failed (exit {child.exitcode})")
+            runs.setdefault((name, label), []).append(out)
+    print(f"GPU time, the SQL of {args.before} (before) and of this checkout (after), and gap attribution's, each run "
+          f"in a fresh process, in turn, {args.repeat} runs each (wall s, CPU s, peak RSS MiB: best of the runs; rows):")
     for (name, label), outs in runs.items():
         walls, cpus, peaks = [o[0] for o in outs], [o[1] for o in outs], [o[3] for o in outs]
         print(f"  {name:16} {label:6} wall {min(walls):6.2f} ({', '.join(f'{w:.2f}' for w in walls)})  "
               f"CPU {min(cpus):6.2f} ({', '.join(f'{c:.2f}' for c in cpus)})  peak {min(peaks):6.0f} MiB  "
               f"rows {outs[0][4]:,}")
+    best = {key: (min(o[0] for o in outs), min(o[1] for o in outs), min(o[3] for o in outs)) for key, outs in runs.items()}
+    gaps = best["gap attribution", "after"]
+    for label in ("before", "after"):
+        parts = best["GPU idle parts", label]
+        print(f"  GPU idle parts ({label}) / gap attribution, fresh processes: x{parts[0] / gaps[0]:.2f} wall, "
+              f"x{parts[1] / gaps[1]:.2f} CPU, peak RSS {parts[2]:,.0f} MiB against {gaps[2]:,.0f} "
+              f"(targets: at most x2, under 3,072 MiB)")
 
 
 def _loadavg() -> str:

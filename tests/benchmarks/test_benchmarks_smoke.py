@@ -50,7 +50,8 @@ def _numbers(words: list[str]) -> list[float]:
 @pytest.mark.nsys
 @pytest.mark.skipif(shutil.which("nsys") is None, reason="nsys not found (bench_queries ingests the sample's report)")
 def test_bench_queries(tmp_path):
-    lines = _bench("bench_queries.py", "--iterations", "1", "--repeat", "1", "--keep", str(tmp_path / "large.duckdb"))
+    lines = _bench("bench_queries.py", "--iterations", "1", "--repeat", "1", "--keep", str(tmp_path / "large.duckdb"),
+                   "--before", str(ROOT / "queries"))
     assert "repeated 1 times (each copy: 512 iterations, 3,584 ranges, 16 requests" in lines[2], lines[2]
     assert lines[3] == "  nvtx_ranges 3,584, nvtx_marks 52, run_iterations 512, run_events 1,056, run_requests 16"
     assert sum(line.startswith("    every row equal, value for value") for line in lines) == 2
@@ -68,6 +69,15 @@ def test_bench_queries(tmp_path):
     ratio = " ".join(_row(lines, "GPU idle parts / gap attribution:"))
     assert re.fullmatch(rf"x{NUMBER} wall, x{NUMBER} CPU \(target: at most x2\); peak RSS {NUMBER} MiB, x{NUMBER} "
                         r"\(target: under 3,072 MiB\)", ratio), ratio
+    # --before: each view with both SQL folders (here the same one) and gap attribution, each in a fresh process
+    compared = _after(lines, "GPU time, the SQL of", 7)
+    assert [row.split(" wall")[0].split() for row in compared[:5]] == [
+        ["GPU", "time", "before"], ["GPU", "time", "after"], ["GPU", "idle", "parts", "before"],
+        ["GPU", "idle", "parts", "after"], ["gap", "attribution", "after"]]
+    for label, row in zip(("before", "after"), compared[5:]):
+        assert re.fullmatch(rf"  GPU idle parts \({label}\) / gap attribution, fresh processes: x{NUMBER} wall, "
+                            rf"x{NUMBER} CPU, peak RSS {NUMBER} MiB against {NUMBER} \(targets: at most x2, "
+                            r"under 3,072 MiB\)", row), row
 
 
 def _after(lines: list[str], header: str, n: int) -> list[str]:

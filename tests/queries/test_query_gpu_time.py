@@ -178,6 +178,41 @@ def test_two_gpus_and_two_processes_on_one_gpu_are_accounted_apart(trace):
                       (1, PID_200, "cuda_launch", TID_C, 1), (1, PID_200, "unattributed", None, 26)]
 
 
+# A process whose NVTX leaf runs on past the next GPU's first idle instants: GPU (0, 100) sorts before
+# (0, 200) in the sweep, and its leaf [0, 60) must not stand for process 200's idle time in [0, 10) and
+# [20, 30); process 200's own calls [0, 5) and [6, 7) do, where they run.
+LEAKING = recorded(merge(
+    {"nvtx_ranges": [push_pop(1, "prepare", 0, 60, domain=None)]},
+    launch(1, (1, 2), (40, 50)), launch(2, (0, 5), (10, 20), tid=TID_C), launch(3, (6, 7), (30, 40), tid=TID_C)))
+
+
+def test_a_host_range_of_one_gpu_takes_no_part_in_the_next_gpus_idle_time(trace):
+    trace.load(LEAKING)
+    assert trace.query("gpu_idle_parts", GENERIC) == [
+        (0, PID_100, 0, 40, "outside", None, "nvtx", "prepare", TID_A, 40, None),
+        (0, PID_100, 0, 40, "outside", None, "unattributed", "unattributed", None, 0, None),
+        (0, PID_100, 50, 60, "outside", None, "nvtx", "prepare", TID_A, 10, None),
+        (0, PID_100, 50, 60, "outside", None, "unattributed", "unattributed", None, 0, None),
+        (0, PID_200, 0, 10, "outside", None, "cuda_launch", LAUNCH, TID_C, 6, None),
+        (0, PID_200, 0, 10, "outside", None, "unattributed", "unattributed", None, 4, None),
+        (0, PID_200, 20, 30, "outside", None, "unattributed", "unattributed", None, 10, None),
+        (0, PID_200, 40, 60, "outside", None, "unattributed", "unattributed", None, 20, None)]
+
+
+def test_the_sweep_packs_a_gpu_an_instant_and_an_id_in_order(trace):
+    """The packed running values compare by GPU, then instant, whatever the id, and unpack exactly, at the
+    ends of BIGINT as well."""
+    trace.load(STREAMS)
+    lo, hi, top = -(2**63), 2**63 - 1, 2**32 - 1
+    cases = [(1, lo, 0), (1, lo, top), (1, -1, 5), (1, 0, top), (1, 0, 0), (1, hi, 0), (2, lo, 0), (2, 7, 3), (3, hi, top)]
+    values = ", ".join(f"({g}, ({ns})::BIGINT, {i})" for g, ns, i in cases)
+    rows = trace.sql(f"""SELECT g, ns, id, _gpu_idle_parts_ns(v), _gpu_idle_parts_id(v),
+                                row_number() OVER (ORDER BY v)::INTEGER
+                         FROM (SELECT *, _gpu_idle_parts_key(g, ns, id) AS v FROM (VALUES {values}) AS t(g, ns, id))
+                         ORDER BY g, ns, id""")
+    assert rows == [(g, ns, i, ns, i, n) for n, (g, ns, i) in enumerate(sorted(cases), 1)]
+
+
 def test_kernels_by_name(trace):
     trace.load(merge(launch(1, (0, 1), (10, 30), name="gemm"), launch(2, (1, 2), (30, 40), name="gemm"),
                      launch(3, (2, 3), (40, 45), name="softmax", device=1)))
@@ -420,3 +455,24 @@ def test_the_window_is_the_profilers_span_or_the_gpu_works_never_a_stray_call(tr
     assert [(r[2], r[3], r[11]) for r in trace.query("gpu_time_summary", GENERIC)] == [(490, 20 / 490, SPAN)]
     trace.load({**stray, "capture_spans": spans[:1]})
     assert [(r[3], r[4], r[14]) for r in trace.query("gpu_time", GENERIC)] == [(0, 2000, "kineto profiler steps")]
+
+
+# Thread B, which launches nothing, runs an NVTX leaf over two engine frames (input preparation, then sampling);
+# thread A's CUDA call under it ends at 50, after the frames changed at 30. A part's engine frame is read at
+# the latest start or end of a piece, so the call's end cuts the leaf's time: [0, 50) in preparation, [50,
+# 100) in sampling, though B itself has no piece that starts or ends at 50.
+FRAME_CUT = recorded(merge(
+    {"nvtx_ranges": [push_pop(1, "prepare", 0, 100, tid=TID_B, domain=None),
+                     frame(2, f"{RUNNER}(3380): execute_model", 0, 100, tid=TID_B),
+                     frame(3, f"{RUNNER}(1518): _prepare_inputs", 0, 30, tid=TID_B, parent=2, depth=1),
+                     frame(4, f"{RUNNER}(4139): sample_tokens", 30, 100, tid=TID_B, parent=2, depth=1)]},
+    launch(1, (10, 50), (200, 210))))
+
+
+def test_a_piece_ending_under_a_leaf_cuts_where_its_engine_frame_is_read(trace):
+    trace.load(FRAME_CUT)
+    prepare, sample = f"{RUNNER}(1518): _prepare_inputs", f"{RUNNER}(4139): sample_tokens"
+    assert trace.query("gpu_idle_parts", GENERIC) == [
+        (0, PID_100, 0, 200, "outside", None, "nvtx", "prepare", TID_B, 50, prepare),
+        (0, PID_100, 0, 200, "outside", None, "nvtx", "prepare", TID_B, 50, sample),
+        (0, PID_100, 0, 200, "outside", None, "unattributed", "unattributed", None, 100, None)]
