@@ -22,6 +22,7 @@ from itertrace.ingest.plans import prefer_sort_based_joins
 from itertrace.queries.catalog import SOURCE_TABLES, Query, all_params, definitions, needed, queries
 from itertrace.queries.library import (ERROR_KIND, available, check_sources, create, first_line, missing_name, names_read,
                                        rebuilt_from_log, source_tables, stored_bodies, tables)
+from itertrace.queries.stored import Stored, lookup
 from itertrace.queries.suggest import MappingChoice, choose_mapping
 
 if TYPE_CHECKING:
@@ -250,9 +251,15 @@ class QueryDB:
         return query
 
     def query(self, name: str) -> pa.Table:
-        """The rows of the public view `name`."""
+        """The rows of the public view `name` (those the ingest stored, where they are still its answer)."""
+        if found := self.stored(name):
+            return self.sql(found.statement)
         self.check(name)
         return self.sql(f"SELECT * FROM {name}")
+
+    def stored(self, name: str) -> Stored | None:
+        """The rows of `name` the ingest stored, if they are its answer here with these parameters (queries.stored)."""
+        return lookup(self.session, name, self.params)
 
     def sql(self, text: str) -> pa.Table:
         """Any SQL over the database and the library's views."""

@@ -8,12 +8,13 @@ import sys
 
 from itertrace.ingest import IngestOptions
 from itertrace.cli import PARTS
-from itertrace.ingest.cli import BATCH_ROWS
+from itertrace.ingest.cli import BATCH_ROWS, STORE_AUTO_ROWS, STORE_CHOICES
 from itertrace.profiler.cli import MODES, POLICIES, PREEMPTIONS
 from itertrace.profiler.scheduling.policies import Policy
 from itertrace.profiler.scheduling.request import PreemptKind
 from itertrace.profiler.scheduling.scheduler import Mode
 from itertrace.queries import output
+from itertrace.queries import stored
 from itertrace.queries.cli import FORMATS
 
 HEAVY = ("numpy", "pyarrow", "duckdb", "torch", "altair", "pandas")
@@ -33,6 +34,7 @@ def test_choices_written_out_for_the_parser_match_their_sources():
     assert PREEMPTIONS == tuple(k.value for k in PreemptKind)
     assert BATCH_ROWS == IngestOptions.batch_rows
     assert FORMATS == output.FORMATS
+    assert (STORE_CHOICES, STORE_AUTO_ROWS) == (stored.STORE_CHOICES, stored.STORE_AUTO_ROWS)
 
 
 def test_each_part_adds_the_commands_written_out_for_it():
