@@ -13,7 +13,9 @@ from itertrace.cli import main
 from itertrace.errors import UserError
 from itertrace.ingest import ingest
 from itertrace.queries import QueryDB, catalog
-from itertrace.queries.stored import RESULTS, STORED, lookup, storing
+from itertrace.queries import stored
+from itertrace.queries.stored import RESULTS, STORED, lookup, stored_choice, storing
+from itertrace.queries.suggest import CHOOSING, choose_mapping
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared"
@@ -53,6 +55,13 @@ def test_stored_rows_are_the_rows_computed(sample, tmp_path):
     if sample.startswith("worked-example") and shutil.which("nsys") is None:
         pytest.skip("nsys (Nsight Systems) is not installed: the sample report cannot be exported")
     db = _stored_db(sources, tmp_path / "db.duckdb")
+    with QueryDB(db) as queried:  # the mapping auto chose at ingest is the one it chooses now, variables and all
+        stored_choice_ = stored_choice(queried.session, {})
+        assert (stored_choice_ is None) == ("nvtx_ranges" in queried.lacking)
+        if stored_choice_ is not None:
+            queried.need(CHOOSING)
+            assert choose_mapping(queried.session, {}) == stored_choice_
+            assert queried.mapping_choice == stored_choice_
     for name in STORED:
         with QueryDB(db) as queried:
             found = queried.stored(name)
@@ -121,6 +130,18 @@ def test_changed_rows_or_an_older_ingest_compute(vllm_db, tmp_path):
         assert lookup(con, "gpu_time_summary", {}) is None
     expected = _cli_rows(vllm_db).stdout
     assert _cli_rows(older).stdout == expected
+    for name in ("iterations", "host_gaps_summary", "mapping"):  # the mapping chosen at ingest, or chosen now
+        assert _computed(vllm_db, name) == _computed(older, name)
+
+
+@needs_vllm
+def test_changed_presets_choose_again(vllm_db, tmp_path, monkeypatch):
+    with duckdb.connect(str(vllm_db), read_only=True) as con:
+        assert stored_choice(con, {}) is not None and stored_choice(con, {"preset": "auto"}) is None
+        presets = tmp_path / "presets.toml"
+        presets.write_text(stored.PRESETS_FILE.read_text() + "\n")
+        monkeypatch.setattr(stored, "_CODE", [presets if p == stored.PRESETS_FILE else p for p in stored._CODE])
+        assert stored_choice(con, {}) is None and lookup(con, "gpu_time_summary", {}) is None
 
 
 @needs_vllm
