@@ -134,12 +134,12 @@ def commands(trace: Path, bare: Path, out: Path, hta_python: str | None,
                                       [*cli, "query", "gpu_time_summary", "--db", str(answer_db)]],
         "  the same, --store never": [[*cli, "ingest", str(trace), "--db", str(answer), *never],
                                       [*cli, "query", "gpu_time_summary", "--db", str(answer)]],
-        "json.load": [[sys.executable, "-c", JSON_LOAD, str(trace)]],
     }
     if before_python:
         other, before = ["env", "-u", "PYTHONPATH", before_python, "-m", "itertrace.cli"], out / "answer-before.duckdb"
         found["  the same, --before-python"] = [[*other, "ingest", str(trace), "--db", str(before)],
                                                 [*other, "query", "gpu_time_summary", "--db", str(before)]]
+    found["json.load"] = [[sys.executable, "-c", JSON_LOAD, str(trace)]]
     for query in (["query", "gpu_time_summary"], ["query", "iterations"], ["mapping", "suggest"]):
         for label, db in (("frames", framed_db), ("no frames", bare_db)):
             found[f"{' '.join(query[1:] if query[0] == 'query' else query)}, {label}"] = [[*cli, *query, "--db", str(db)]]
