@@ -31,9 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--memory-limit", metavar="SIZE", help="DuckDB memory limit, e.g. 2GB (default: 512MB)")
     parser.add_argument("--nsys", metavar="PATH", help="nsys executable for .nsys-rep sources (default: on PATH)")
     parser.add_argument("--store", choices=STORE_CHOICES, default="auto",
-                        help="store the answer of `itertrace query gpu_time_summary` in the database, so that the "
-                             "command reads it instead of computing it (auto: on captures of at most "
-                             f"{STORE_AUTO_ROWS:,} rows; see docs/queries.md)")
+                        help="store the answer of `itertrace query gpu_time_summary` and the mapping auto chooses "
+                             "in the database, so that commands read them instead of computing them (auto: on "
+                             f"captures of at most {STORE_AUTO_ROWS:,} rows; see docs/ingest.md)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar and no closing line")
     parser.set_defaults(func=run)
 
