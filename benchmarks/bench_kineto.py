@@ -8,9 +8,11 @@ Each command runs in its own process, and the commands are taken in turn for ROU
 busy spell of the machine falls on all of them alike. Measured: wall time, CPU time (user + system, every
 thread and child) and peak RSS (wait4) of
 
-- `itertrace ingest` of the trace, and of the trace without frames (target: frames cost under 2x);
-- the time to a first answer on the trace: `itertrace ingest` then `itertrace query gpu_time_summary`,
-  against HTA 0.5.0's `TraceAnalysis(trace_dir=...)` then `get_temporal_breakdown()` on the same file, when
+- `itertrace ingest --store never` of the trace, and of the trace without frames (target: frames cost under 2x);
+- the time to a first answer on the trace: `itertrace ingest` (which stores the answer of gpu_time_summary,
+  queries/stored.py) then `itertrace query gpu_time_summary`; the same with `ingest --store never` (the query
+  computes it); with `--before-python PYTHON`, the same with another checkout's interpreter (run without
+  PYTHONPATH); against HTA 0.5.0's `TraceAnalysis(trace_dir=...)` then `get_temporal_breakdown()` on the same file, when
   `--hta-python` names a Python that has HolisticTraceAnalysis installed (no dependency of this project:
   make a throwaway venv; target: HTA takes 3x or more);
 - queries on the two databases, with frames and without: `gpu_time_summary`, `iterations` and
@@ -22,7 +24,7 @@ thread and child) and peak RSS (wait4) of
 Prints the medians and the ratios; writes every run to OUT/bench_kineto.json.
 
 Usage: python benchmarks/bench_kineto.py [--steps 96] [--rounds 3] [--hta-python /tmp/hta-venv/bin/python]
-       [--floor] [--out DIR]    (or python benchmarks/bench_ingest.py --kineto ...)
+       [--before-python PYTHON] [--floor] [--out DIR]    (or python benchmarks/bench_ingest.py --kineto ...)
 """
 from __future__ import annotations
 
@@ -118,17 +120,26 @@ def traces(steps: int, out: Path) -> tuple[Path, Path]:
     return made[0], made[1]
 
 
-def commands(trace: Path, bare: Path, out: Path, hta_python: str | None) -> dict[str, list[list[str]]]:
+def commands(trace: Path, bare: Path, out: Path, hta_python: str | None,
+             before_python: str | None = None) -> dict[str, list[list[str]]]:
     """Each measured command, as the argvs it runs one after the other."""
     cli = [sys.executable, "-m", "itertrace.cli"]
     framed_db, bare_db, answer_db = out / "frames.duckdb", out / "noframes.duckdb", out / "answer.duckdb"
+    never = ["--store", "never"]  # the ingest alone: the queries on these databases compute their answers
+    answer = out / "answer-computed.duckdb"
     found = {
-        "ingest, frames": [[*cli, "ingest", str(trace), "--db", str(framed_db)]],
-        "ingest, no frames": [[*cli, "ingest", str(bare), "--db", str(bare_db)]],
+        "ingest, frames": [[*cli, "ingest", str(trace), "--db", str(framed_db), *never]],
+        "ingest, no frames": [[*cli, "ingest", str(bare), "--db", str(bare_db), *never]],
         "ingest + gpu_time_summary": [[*cli, "ingest", str(trace), "--db", str(answer_db)],
                                       [*cli, "query", "gpu_time_summary", "--db", str(answer_db)]],
-        "json.load": [[sys.executable, "-c", JSON_LOAD, str(trace)]],
+        "  the same, --store never": [[*cli, "ingest", str(trace), "--db", str(answer), *never],
+                                      [*cli, "query", "gpu_time_summary", "--db", str(answer)]],
     }
+    if before_python:
+        other, before = ["env", "-u", "PYTHONPATH", before_python, "-m", "itertrace.cli"], out / "answer-before.duckdb"
+        found["  the same, --before-python"] = [[*other, "ingest", str(trace), "--db", str(before)],
+                                                [*other, "query", "gpu_time_summary", "--db", str(before)]]
+    found["json.load"] = [[sys.executable, "-c", JSON_LOAD, str(trace)]]
     for query in (["query", "gpu_time_summary"], ["query", "iterations"], ["mapping", "suggest"]):
         for label, db in (("frames", framed_db), ("no frames", bare_db)):
             found[f"{' '.join(query[1:] if query[0] == 'query' else query)}, {label}"] = [[*cli, *query, "--db", str(db)]]
@@ -146,17 +157,21 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every command, taken in turn (default 3)")
     parser.add_argument("--hta-python", help="a Python with HolisticTraceAnalysis installed, to time it")
     parser.add_argument("--floor", action="store_true", help="also measure the fixed costs of an ingest")
+    parser.add_argument("--before-python", metavar="PYTHON",
+                        help="another checkout's interpreter: time its ingest + gpu_time_summary too")
     parser.add_argument("--out", type=Path, default=Path("/tmp/itertrace-bench-kineto"))
     args = parser.parse_args(argv)
     if not path_of(STEP).is_file():
         raise SystemExit(f"{path_of(STEP)}: the shared vLLM trace is not there")
     args.out.mkdir(parents=True, exist_ok=True)
     trace, bare = traces(args.steps, args.out)
-    found = commands(trace, bare, args.out, args.hta_python)
+    found = commands(trace, bare, args.out, args.hta_python, args.before_python)
     # the databases the queries read, made once before the rounds
     for name in ("ingest, frames", "ingest, no frames"):
         measure_all(found[name])
     results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in found}
+    with open("/proc/loadavg") as load:
+        load_before = " ".join(load.read().split()[:3])
     for _ in range(args.rounds):
         for name, argvs in found.items():
             results[name].append(measure_all(argvs))
@@ -166,7 +181,7 @@ def main(argv: list[str] | None = None) -> dict:
                       max(r[2] for r in runs)) for name, runs in results.items()}
     print(f"{trace.name}: {args.steps} steps, {_events(trace):,} events, {trace.stat().st_size / 1e6:.1f} MB gzipped "
           f"({_size(trace) / 1e6:.1f} MB of JSON); without frames {_size(bare) / 1e6:.1f} MB; "
-          f"{args.rounds} rounds; load average {loadavg}")
+          f"{args.rounds} rounds; load average {load_before} before, {loadavg} after")
     print(f"{'command':34} {'wall s':>7} {'CPU s':>6} {'peak RSS MB':>11}  (medians)")
     for name, (wall, cpu, rss) in medians.items():
         print(f"{name:34} {wall:7.2f} {cpu:6.2f} {rss:11.0f}")
@@ -184,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
         budget = hta[0] / 3 - medians["gpu_time_summary, frames"][0]
         print(f"at 3x, the ingest may take {budget:.2f} s wall (HTA / 3 less gpu_time_summary); "
               f"it took {medians['ingest, frames'][0]:.2f} s")
-    report = {"load_average": loadavg, "steps": args.steps, "results": results, "ratios": ratios}
+    report = {"load_average": loadavg, "load_average_before": load_before, "steps": args.steps, "results": results, "ratios": ratios}
     if args.floor:
         report["floor"] = _floor(args.out, args.rounds)
     (args.out / "bench_kineto.json").write_text(json.dumps(report, indent=2))

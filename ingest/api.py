@@ -93,8 +93,12 @@ def ingest(
     options: IngestOptions = IngestOptions(),
     progress: Progress | None = None,
     clock: Callable[[], float] = time.monotonic,
+    finish: Callable[[duckdb.DuckDBPyConnection, Path, int], object] | None = None,
 ) -> IngestResult:
-    """Load every source into a new DuckDB database at `db`, replacing any file there only on success."""
+    """Load every source into a new DuckDB database at `db`, replacing any file there only on success.
+
+    `finish(connection, path, rows)`, if given, runs on the database when it is loaded and before it is
+    written whole, e.g. to store answers of the queries in it (itertrace.queries.stored)."""
     started = clock()
     target = Path(db)
     paths = [Path(source) for source in sources]
@@ -115,7 +119,8 @@ def ingest(
             try:
                 with interruptible(con):  # Ctrl-C and SIGTERM reach DuckDB inside a long statement too
                     ctx = LoadContext(con, workdir, options.batch_rows, progress)
-                    rows, notes, empty, tables = _load(con, plan, groups, ctx)
+                    after = None if finish is None else lambda c, rows: finish(c, building, rows)
+                    rows, notes, empty, tables = _load(con, plan, groups, ctx, after)
             finally:
                 with deferred():  # see itertrace.interrupts: clean-up is not broken into
                     con.close()
@@ -146,8 +151,10 @@ def ingest(
 
 
 def _load(con: duckdb.DuckDBPyConnection, plan: list[tuple[Path, Loader]], groups: list[tuple[Loader, list[Path]]],
-          ctx: LoadContext) -> tuple[int, tuple[str, ...], tuple[str, ...], int]:
-    """Load every source in one transaction, checkpointed into the file: (rows, notes, empty tables, tables)."""
+          ctx: LoadContext, finish: Callable[[duckdb.DuckDBPyConnection, int], object] | None = None,
+          ) -> tuple[int, tuple[str, ...], tuple[str, ...], int]:
+    """Load every source in one transaction, then `finish`, checkpointed into the file: (rows, notes, empty tables,
+    tables)."""
     con.begin()  # one transaction: the temporary file already makes the ingest all-or-nothing
     for path, loader in plan:
         try:
@@ -160,6 +167,8 @@ def _load(con: duckdb.DuckDBPyConnection, plan: list[tuple[Path, Loader]], group
     con.commit()
     notes = tuple(n for n in (*ctx.notes, _pairing_note(con), unnamed_threads_note(con, RAW_SCHEMA)) if n)
     empty = tuple(empty_tables(con, normalized_tables()))
+    if finish is not None:
+        finish(con, ctx.rows_written)
     tables = _table_count(con)
     con.execute("CHECKPOINT")  # everything into the file itself: a full disk fails here, not at close
     return ctx.rows_written, notes, empty, tables

@@ -9,6 +9,8 @@ from itertrace.argtypes import at_least
 
 # DuckDB and pyarrow are imported by the commands that use them, not to build the parser.
 BATCH_ROWS = 65_536  # IngestOptions.batch_rows, written out for that reason (a test checks they agree)
+STORE_CHOICES = ("auto", "always", "never")  # itertrace.queries.stored's, written out likewise
+STORE_AUTO_ROWS = 1_000_000
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,6 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="rows per batch streamed into DuckDB (default %(default)s)")
     parser.add_argument("--memory-limit", metavar="SIZE", help="DuckDB memory limit, e.g. 2GB (default: 512MB)")
     parser.add_argument("--nsys", metavar="PATH", help="nsys executable for .nsys-rep sources (default: on PATH)")
+    parser.add_argument("--store", choices=STORE_CHOICES, default="auto",
+                        help="store the answer of `itertrace query gpu_time_summary` and the mapping auto chooses "
+                             "in the database, so that commands read them instead of computing them (auto: on "
+                             f"captures of at most {STORE_AUTO_ROWS:,} rows; see docs/ingest.md)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar and no closing line")
     parser.set_defaults(func=run)
 
@@ -78,7 +84,10 @@ def run(args: argparse.Namespace) -> int:
 
     options = IngestOptions(batch_rows=args.batch_rows, memory_limit=args.memory_limit)
     progress = Progress(sys.stderr, enabled=not args.quiet)
-    result = ingest(args.sources, args.db, loaders=default_loaders(args.nsys), options=options, progress=progress)
+    from itertrace.queries.stored import storing
+
+    result = ingest(args.sources, args.db, loaders=default_loaders(args.nsys), options=options, progress=progress,
+                    finish=storing(args.store))
     if not args.quiet:
         sources = f"{len(result.sources)} source{'s' if len(result.sources) != 1 else ''}"
         empty = f"; empty: {', '.join(result.empty)}" if result.empty else ""

@@ -13,9 +13,12 @@ import sys
 from itertrace.errors import UserError
 from itertrace.interrupts import Signals
 
-# Subpackages whose cli.py contributes subcommands, in the order `--help` lists them.
-_PARTS = ("itertrace.profiler.cli", "itertrace.experiments.cli", "itertrace.ingest.cli", "itertrace.queries.cli", "itertrace.queries.mapping_cli",
-          "itertrace.dashboards.cli", "itertrace.fleet.cli", "itertrace.demo")
+# Subpackages whose cli.py contributes subcommands, in the order `--help` lists them, each with the commands it
+# adds: a command builds its own part's parser only, not every part's (a test checks them against `register`).
+PARTS = {"itertrace.profiler.cli": ("run", "calibrate"), "itertrace.experiments.cli": ("experiment",),
+         "itertrace.ingest.cli": ("ingest", "profile"), "itertrace.queries.cli": ("query", "sql"),
+         "itertrace.queries.mapping_cli": ("mapping",), "itertrace.dashboards.cli": ("export", "report"),
+         "itertrace.fleet.cli": ("fleet",), "itertrace.demo": ("demo",)}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -24,11 +27,13 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{command}: {message}" if command else message)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every part, or of the part that adds `command` only, where one does."""
     parser = _Parser(prog="itertrace", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    for module_name in _PARTS:
+    own = [name for name, commands in PARTS.items() if command in commands]
+    for module_name in own or PARTS:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -46,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None, signals: Signals) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        argv = sys.argv[1:] if argv is None else argv
+        args = build_parser(argv[0] if argv else None).parse_args(argv)
         return int(args.func(args) or 0)
     except UserError as exc:
         if signals.received is not None:  # a failure the signal caused, reported in words of its own

@@ -22,14 +22,14 @@ from itertrace.ingest.plans import prefer_sort_based_joins
 from itertrace.queries.catalog import SOURCE_TABLES, Query, all_params, definitions, needed, queries
 from itertrace.queries.library import (ERROR_KIND, available, check_sources, create, first_line, missing_name, names_read,
                                        rebuilt_from_log, source_tables, stored_bodies, tables)
-from itertrace.queries.suggest import MappingChoice, choose_mapping
+from itertrace.queries.stored import Stored, lookup, stored_choice
+from itertrace.queries.suggest import CHOOSING, MappingChoice, choose_mapping, set_choice
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 T = TypeVar("T")
 MAPPING_VARIABLES = frozenset({"preset", "step_pattern", "domain"})  # what choose_mapping sets
-_CHOOSING = ("iterations_steps", "mapping_suggest")  # what choose_mapping reads
 
 
 def connect(db: str | Path, *, read_only: bool = True, writable: tuple[Path, ...] = (),
@@ -184,8 +184,12 @@ class QueryDB:
         if self._choice is False:
             self._choice = None
             if "nvtx_ranges" not in self.lacking:
-                self.need(_CHOOSING)
-                self._choice = choose_mapping(self.session, self.params)
+                self._choice = stored_choice(self.session, self.params)  # chosen at ingest, while still current
+                if self._choice is not None:
+                    set_choice(self.session, self._choice.params)
+                else:
+                    self.need(CHOOSING)
+                    self._choice = choose_mapping(self.session, self.params)
         return self._choice
 
     def need(self, names: Iterable[str]) -> None:
@@ -250,9 +254,15 @@ class QueryDB:
         return query
 
     def query(self, name: str) -> pa.Table:
-        """The rows of the public view `name`."""
+        """The rows of the public view `name` (those the ingest stored, where they are still its answer)."""
+        if found := self.stored(name):
+            return self.sql(found.statement)
         self.check(name)
         return self.sql(f"SELECT * FROM {name}")
+
+    def stored(self, name: str) -> Stored | None:
+        """The rows of `name` the ingest stored, if they are its answer here with these parameters (queries.stored)."""
+        return lookup(self.session, name, self.params)
 
     def sql(self, text: str) -> pa.Table:
         """Any SQL over the database and the library's views."""

@@ -95,11 +95,16 @@ def run_query(args: argparse.Namespace) -> int:
             raise UserError(f"query {args.name} takes no parameter {name!r} "
                             f"(it takes: {', '.join(sorted(takes)) or 'none'})")
     with _opened(args, params) as (db, out):
-        db.check(args.name)
-        rows = _write(db, f"SELECT * FROM {args.name}", out, args)
-        if query.uses_mapping and db.mapping_choice:  # preset=auto: say which mapping it chose
-            print(f"itertrace: note: {db.mapping_choice.note}", file=sys.stderr)
-        note = db.mapping_note() if not rows and "nvtx_ranges" in query.tables else None
+        if stored := db.stored(args.name):  # the rows the ingest stored, still the answer
+            rows, note = _write(db, stored.statement, out, args), None
+            if stored.note:
+                print(f"itertrace: note: {stored.note}", file=sys.stderr)
+        else:
+            db.check(args.name)
+            rows = _write(db, f"SELECT * FROM {args.name}", out, args)
+            if query.uses_mapping and db.mapping_choice:  # preset=auto: say which mapping it chose
+                print(f"itertrace: note: {db.mapping_choice.note}", file=sys.stderr)
+            note = db.mapping_note() if not rows and "nvtx_ranges" in query.tables else None
     _done(rows, args.out)
     if note:
         print(f"itertrace: note: {note}", file=sys.stderr)

@@ -18,6 +18,7 @@ from itertrace.queries.presets import AUTO, GENERIC, Preset, engine_presets, pre
 # A suggestion scoring under this is no iteration: it covers under 5% of the GPU work (or of its
 # threads' time), or comes at a pace too irregular, to stand for one.
 MIN_SCORE = 0.05
+CHOOSING = ("iterations_steps", "mapping_suggest")  # the views choose_mapping reads
 
 
 @dataclass(frozen=True)
@@ -76,9 +77,14 @@ def choose_mapping(con: duckdb.DuckDBPyConnection, params: dict[str, str]) -> Ma
     return _choose(con, chosen, asked)
 
 
-def _choose(con: duckdb.DuckDBPyConnection, chosen: dict[str, str], asked: str) -> MappingChoice:
+def set_choice(con: duckdb.DuckDBPyConnection, chosen: dict[str, str]) -> None:
+    """Set the session variables of the mapping `chosen` (MappingChoice.params)."""
     for name, value in chosen.items():
         con.execute(f'SET VARIABLE "{name}" = ?', [value])
+
+
+def _choose(con: duckdb.DuckDBPyConnection, chosen: dict[str, str], asked: str) -> MappingChoice:
+    set_choice(con, chosen)
     ranges, name = con.execute("""
         SELECT count(*), mode(regexp_replace(r.text, '[0-9]+', '#', 'g'))
         FROM iterations_steps AS s JOIN nvtx_ranges AS r USING (range_id)""").fetchall()[0]

@@ -21,7 +21,7 @@ def test_tiny_run(tmp_path, capsys):
     spec.loader.exec_module(bench)
     report = bench.main(["--steps", "1", "--rounds", "1", "--out", str(tmp_path)])
     assert set(report["results"]) == {
-        "ingest, frames", "ingest, no frames", "ingest + gpu_time_summary", "json.load",
+        "ingest, frames", "ingest, no frames", "ingest + gpu_time_summary", "  the same, --store never", "json.load",
         "gpu_time_summary, frames", "gpu_time_summary, no frames", "iterations, frames", "iterations, no frames",
         "mapping suggest, frames", "mapping suggest, no frames"}
     assert all(len(runs) == 1 and min(runs[0]) > 0 for runs in report["results"].values())
