@@ -174,7 +174,7 @@ def as_log(steps) -> list[dict]:
         forward = dev[1] - dev[0] if dev else 0
         rows.append({"iteration": it, "start_ns": a, "end_ns": b, "dur_ns": b - a, "schedule_ns": sch,
                      "prepare_ns": prep, "forward_ns": forward, "sample_ns": b - a - sch - prep - forward,
-                     "detokenize_ns": 0, "postprocess_ns": 0,
+                     "detokenize_ns": 0, "postprocess_ns": 0, "num_seqs": 1 if dev else 0,
                      "device_start_ns": dev and dev[0], "device_end_ns": dev and dev[1]})
     return rows
 
