@@ -9,8 +9,8 @@ from itertrace.argtypes import at_least
 
 # DuckDB and pyarrow are imported by the commands that use them, not to build the parser.
 BATCH_ROWS = 65_536  # IngestOptions.batch_rows, written out for that reason (a test checks they agree)
-STORE_CHOICES = ("auto", "always", "never")  # itertrace.queries.stored's, written out likewise
-STORE_AUTO_ROWS = 1_000_000
+STORE_CHOICES = ("auto", "always", "never")  # ingest --store: what itertrace.queries.stored keeps
+STORE_AUTO_ROWS = 1_000_000  # --store auto: store on captures of at most this many rows
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

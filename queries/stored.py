@@ -21,16 +21,15 @@ import duckdb
 
 from itertrace import __version__
 from itertrace.errors import UserError
+from itertrace.ingest.cli import STORE_AUTO_ROWS, STORE_CHOICES  # written there for the parser, read here
 from itertrace.queries import catalog
 from itertrace.queries.presets import MODULE, PRESETS_FILE
 from itertrace.queries.suggest import CHOOSING, MappingChoice
 
 STORED = ("gpu_time_summary",)  # what an ingest stores: the first answer most people ask for
-# --store auto stores on captures of at most this many rows: on the vLLM benchmark captures the ingest took
-# x1.27 its CPU time at 53k rows and x1.04 at 534k with the answer stored; on a million iterations (10M rows)
-# the GPU-time pipeline alone takes a minute, so a longer capture computes it when asked.
-STORE_AUTO_ROWS = 1_000_000
-STORE_CHOICES = ("auto", "always", "never")
+# --store auto stores on captures of at most STORE_AUTO_ROWS rows (ingest.cli, which the parser reads without
+# importing DuckDB): on the vLLM benchmark captures the ingest took x1.27 its CPU time at 53k rows and x1.04
+# at 534k with the answer stored; a longer capture computes it when asked.
 RESULTS = "_stored_results"
 MAPPING = "mapping"  # the row of the mapping `auto` chose (queries.suggest), stored beside the answers
 _CODE = sorted(Path(__file__).parent.glob("*.py")) + [Path(__file__).parent / "sources" / "run_log.sql", PRESETS_FILE]
